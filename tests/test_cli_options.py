@@ -88,6 +88,7 @@ API_DEFAULTS = {
     ("serve", "backend"): (gc.serve, "backend"),
     ("serve", "name"): (gc.serve, "name"),
     ("serve", "allow_unchecked"): (gc.serve, "allow_unchecked"),
+    ("serve", "allow_uncalibrated"): (gc.serve, "allow_uncalibrated"),
     ("demo", "backend"): (run_demo, "backend"),
     ("demo", "epochs"): (run_demo, "epochs"),
     ("demo", "progress"): (run_demo, "progress"),

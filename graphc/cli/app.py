@@ -52,8 +52,12 @@ def output_option(help: str, metavar: str = "PATH") -> Any:
 
 
 OUT_ALIAS = typer.Option(None, "--out", hidden=True, help="Alias of -o/--output.")
-ALLOW_UNCALIBRATED = typer.Option(False, "--allow-uncalibrated", help="Write fake quantizations whose observers "
-                                  "never saw data (scales as built: 1.0 unless set by hand).")
+
+
+def allow_uncalibrated_option(verb: str) -> Any:
+    """``--allow-uncalibrated``: ``verb`` (Write, Serve) fake quantizations that never saw data."""
+    return typer.Option(False, "--allow-uncalibrated", help=f"{verb} fake quantizations whose observers never saw "
+                        "data (scales as built: 1.0 unless set by hand).")
 
 
 def keep_io_types_option(default: bool, why: str) -> Any:

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (ALLOW_UNCALIBRATED, app, check_keep_io_types, check_writable_at, console, deploy_app,
-                            keep_io_types_option, naming_opset, one_line_warnings)
+from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types, check_writable_at, console,
+                            deploy_app, keep_io_types_option, naming_opset, one_line_warnings)
 
 
 @deploy_app.command("triton")
@@ -27,7 +27,7 @@ def triton_cmd(
                                         "(gc.convert_float; default: as it is)."),
     keep_io_types: bool = keep_io_types_option(True, ": TYPE_FP32 in the config, so clients send what the "
                                                "float32 model took (--no-keep-io-types: TYPE_FP16/TYPE_BF16)."),
-    allow_uncalibrated: bool = ALLOW_UNCALIBRATED,
+    allow_uncalibrated: bool = allow_uncalibrated_option("Write"),
 ) -> None:
     """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
     (version 1, or one above the highest already there)."""
@@ -63,8 +63,12 @@ def serve_cmd(
     allow_unchecked: bool = typer.Option(False, "--allow-unchecked", help="Serve models whose value-sized tensors the backend cannot bound before running them (ort: ops in Loop/If/Scan bodies), unbounded."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", metavar="SECONDS", help="Seconds a connection has to send a whole request (default 30)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
+    allow_uncalibrated: bool = allow_uncalibrated_option("Serve"),
 ) -> None:
-    """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
+    """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM.
+
+    A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
+    repository by hand) is refused at load (exit 2) unless --allow-uncalibrated."""
     from graphc.backends import get_backend
     from graphc.serving import serve as serving
 
@@ -91,5 +95,5 @@ def serve_cmd(
                       highlight=False, soft_wrap=True)
 
     serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready,
-                  allow_unchecked=allow_unchecked, **limits, **options)
+                  allow_unchecked=allow_unchecked, allow_uncalibrated=allow_uncalibrated, **limits, **options)
     console.print(escape(f"stopped serving {source}"), highlight=False, soft_wrap=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +14,9 @@ from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, given, output_option
 from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
+from graphc.errors import UncalibratedWarning
 from graphc.fileio import atomic_write
+from graphc.model.quantizers import never_calibrated, uncalibrated
 
 
 def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
@@ -38,6 +41,15 @@ def parse_dims(items: list[str]) -> dict[str, int]:
             raise ValueError(f"bad --dim {item!r}; expected NAME=SIZE, e.g. N=8")
         dims[name.strip()] = int(size)
     return dims
+
+
+def warn_uncalibrated(model) -> None:
+    """An ``UncalibratedWarning`` where ``model`` is a capture whose fake quantizations never saw data: a
+    one-off run shows what it computes, and deploy and serve refuse it."""
+    names = uncalibrated(model.ir)
+    if names:
+        warnings.warn(UncalibratedWarning(f"{never_calibrated(names)}; these outputs are what it computes, and "
+                                          "graphc deploy and graphc serve refuse it unless --allow-uncalibrated"))
 
 
 @app.command("backends")
@@ -82,13 +94,15 @@ def run_cmd(
 
         from graphc.model import load
 
-        feeds = fit_bfloat16(parse_feeds(inputs), load(model).inputs)
+        loaded = load(model)
+        feeds = fit_bfloat16(parse_feeds(inputs), loaded.inputs)
         results = map_batches(model, feeds, backend=backend, batch_size=batch_size, workers=workers, **options)
         ran_on = f"{backend}, {workers} Ray workers"
     else:
         session = Session(model, backend=backend, **options)
         results = session.run(fit_bfloat16(parse_feeds(inputs), session.inputs))
-        ran_on = session.backend
+        ran_on, loaded = session.backend, session.model
+    warn_uncalibrated(loaded)
     if output is not None:
         atomic_write(output, npz_bytes(widened(results)))
         console.print(escape(f"wrote {len(results)} output(s) to {output} (backend {ran_on})"), highlight=False,

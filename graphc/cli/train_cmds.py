@@ -13,9 +13,9 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (ALLOW_UNCALIBRATED, OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output,
-                            console, err_console, given, keep_io_types_option, naming_opset, one_line_warnings,
-                            output_option)
+from graphc.cli.app import (OUT_ALIAS, allow_uncalibrated_option, app, check_keep_io_types, check_writable_at,
+                            chosen_output, console, err_console, given, keep_io_types_option, naming_opset,
+                            one_line_warnings, output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.labels import class_labels, int64_labels
@@ -357,7 +357,7 @@ def export_cmd(
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: convert the model "
                                         "(gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
-    allow_uncalibrated: bool = ALLOW_UNCALIBRATED,
+    allow_uncalibrated: bool = allow_uncalibrated_option("Write"),
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 

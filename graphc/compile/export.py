@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphcError
 from graphc.model import Model
-from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, first_few, uncalibrated
+from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, never_calibrated, uncalibrated
 
 __all__ = ["ExportError", "UncalibratedError", "UntrainedWeightsWarning", "check_calibrated", "export_inference",
            "inference_model", "load_source"]
@@ -77,14 +77,8 @@ def check_calibrated(model: ir.Model, tensors: Optional[Mapping[str, np.ndarray]
     statistics in ``tensors``, else as captured: ``graphc.model.quantizers``), unless ``allow_uncalibrated``."""
     names = uncalibrated(model, tensors)
     if names and not allow_uncalibrated:
-        n = len(names)
-        raise UncalibratedError(
-            f"{n} fake quantization{'s were' if n > 1 else ' was'} never calibrated ({first_few(names)}): the "
-            "observers never saw data (min_val inf, max_val -inf), so the model would quantize with the scale and "
-            "zero point they were built with (1.0 and 0 unless set by hand) and compute garbage; a gc.capture "
-            "without training=True never runs them (gc.nn modules start in eval mode): capture with training=True, "
-            "then train or calibrate (Trainer steps at lr=0 update the observers, not the weights), or, with "
-            "scales set by hand, allow it explicitly (allow_uncalibrated=True; --allow-uncalibrated)")
+        raise UncalibratedError(never_calibrated(names) + ", or, with scales set by hand, allow it explicitly "
+                                "(allow_uncalibrated=True; --allow-uncalibrated)")
 
 
 class UntrainedWeightsWarning(UserWarning):

@@ -28,6 +28,7 @@ from graphc.errors import GraphError, ModelLoadError
 from graphc.fileio import atomic_write, fsync_dir, scratch_dir
 from graphc.model import Model, load
 from graphc.model.file import distinct_subgraph_outputs, unique_node_names
+from graphc.model.quantizers import without_record
 from graphc.compile.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
@@ -253,7 +254,8 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
             Casts at the model's edges), so clients keep sending what they sent the float32
             model; False makes them ``TYPE_FP16``/``TYPE_BF16``. Only True without ``dtype``.
         allow_uncalibrated: deploy a capture whose fake quantizations' observers never saw data
-            (their scales as built, 1.0 unless set by hand); refused by default.
+            (their scales as built, 1.0 unless set by hand); refused by default. The file written holds
+            no record of them (``graphc.model.quantizers``), so serving the repository asks nothing more.
 
     Raises:
         ValueError: a bad name or option.
@@ -270,6 +272,7 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     check_keep_io_types(dtype, keep_io_types, default=True)
     model = load(model_or_path)
     check_calibrated(model.ir, allow_uncalibrated=allow_uncalibrated)
+    model = Model(without_record(model.ir))  # checked here: `graphc serve REPO` serves the file as deployed
     if dtype is not None:
         model = convert_float(model, dtype, keep_io_types=keep_io_types)
     model = for_server(model, opset)

@@ -29,13 +29,14 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
                max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
                max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               allow_unchecked: bool = False, **session_options: Any):
+               allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any):
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
-    (``gc.Session``'s, e.g. ``threads``). The limits are ``serve``'s."""
+    (``gc.Session``'s, e.g. ``threads``). The limits and ``allow_uncalibrated`` are ``serve``'s."""
     from graphc.serving.kserve.app import create_app as _create
 
-    models = load_models(model_or_path_or_repo, name=name, backend=backend, **session_options)
+    models = load_models(model_or_path_or_repo, name=name, backend=backend, allow_uncalibrated=allow_uncalibrated,
+                         **session_options)
     return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
                    max_tensor_bytes, max_request_bytes, allow_unchecked)
 
@@ -47,7 +48,7 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           on_ready: Callable[..., None] | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
           max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
           max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-          allow_unchecked: bool = False, **session_options: Any) -> None:
+          allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
     seconds is dropped).
@@ -85,6 +86,10 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             hold at once for a request (a tensor from its producer to its last reader); more gets
             413 naming the node where they peak.
         allow_unchecked: serve models ``max_tensor_bytes`` cannot check, unbounded.
+        allow_uncalibrated: serve a capture whose fake quantizations' observers never saw data (its
+            model metadata records them: ``graphc.model.quantizers``; ``gc.optimize`` keeps the record),
+            with the scales they were built with (1.0 unless set by hand); refused at load
+            (``ModelLoadError`` naming the model, version and quantizations) by default.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     from graphc.serving.kserve import server as kserver
@@ -92,7 +97,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
     app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
                      max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
                      request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes,
-                     max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked, **session_options)
+                     max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked,
+                     allow_uncalibrated=allow_uncalibrated, **session_options)
     # Every held connection is a descriptor: allow as many as the system does.
     kserver.raise_descriptor_limit()
     sock = kserver.listen(host, port)

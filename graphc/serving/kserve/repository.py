@@ -81,9 +81,11 @@ class ServedModel:
     platform = "onnxruntime_onnx"
 
     def __init__(self, name: str, version: str, model: Model, backend: str = "auto", max_batch_size: int = 0,
-                 config: Any = None, **options: Any):
+                 config: Any = None, allow_uncalibrated: bool = False, **options: Any):
         """``config``: the folder's parsed ``config.pbtxt`` (a ``model_config.ModelConfig``),
-        whose ``max_batch_size`` then applies."""
+        whose ``max_batch_size`` then applies. A capture whose fake quantizations never saw data is
+        refused (``ModelLoadError``) unless ``allow_uncalibrated``."""
+        from graphc.compile.export import UncalibratedError, check_calibrated
         from graphc.runtime.session import Session
 
         if config is not None:
@@ -93,6 +95,10 @@ class ServedModel:
             require_tensor_interface(model, "the KServe v2 protocol")
         except GraphError as exc:
             raise ModelLoadError(str(exc)) from None
+        try:
+            check_calibrated(model.ir, allow_uncalibrated=allow_uncalibrated)
+        except UncalibratedError as exc:
+            raise ModelLoadError(f"model {name!r} version {version}: {exc}") from None
         completed = model_config.complete(config if config is not None else model_config.ModelConfig(),
                                           _derived_config(model, name, max_batch_size))
         self.config = model_config.to_json(completed)
@@ -267,7 +273,7 @@ def _repository(root: Path, name: str | None) -> dict[str, tuple[list[tuple[str,
     return found
 
 
-def load_models(source: Any, name: str | None = None, backend: str = "auto",
+def load_models(source: Any, name: str | None = None, backend: str = "auto", allow_uncalibrated: bool = False,
                 **options: Any) -> dict[str, dict[str, ServedModel]]:
     """Open every model ``source`` holds: name served under -> version -> model, lowest version
     first (the last one answers requests that name no version).
@@ -275,8 +281,10 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto",
     ``source`` is a ``gc.Model`` (or anything ``gc.load`` takes), a ``.onnx`` file (served under
     its stem unless ``name``, as version 1), or a folder: a Triton repository (every model, under its folder
     name, at the versions its config's ``version_policy`` serves; ``name`` picks one) or one
-    model's folder from such a repository. ``options`` go to every ``gc.Session``.
+    model's folder from such a repository. ``options`` go to every ``gc.Session``; ``allow_uncalibrated``
+    to every ``ServedModel``.
     """
+    options["allow_uncalibrated"] = allow_uncalibrated
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
