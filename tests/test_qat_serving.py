@@ -7,6 +7,8 @@ warns."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import warnings
 
 import httpx
@@ -20,7 +22,7 @@ from graphc.errors import ModelLoadError, UncalibratedWarning
 from graphc.model.quantizers import FAKE_QUANTIZERS_KEY
 from graphc.models.qat_resnet import QATResNet, QLinear, act_quant
 from graphc.serving.serve import create_app
-from cli_util import one_line_error, run_cli
+from cli_util import Result, one_line_error, run_cli
 from serve_util import running_server, serve_process
 
 RNG = np.random.default_rng(0)
@@ -84,7 +86,10 @@ def test_graphc_optimize_writes_the_record_and_graphc_serve_refuses_the_file(cap
         assert result.code == 0, result.err
         written = onnx.load(tmp_path / "opt.onnx")
         assert FAKE_QUANTIZERS_KEY in {p.key for p in written.metadata_props}
-        err = one_line_error(run_cli(capsys, "serve", tmp_path / "opt.onnx", "--port", "0"))
+        # its own process with a timeout: a server that does not refuse would serve on
+        served = subprocess.run([sys.executable, "-c", "from graphc.cli import main; main()", "serve",
+                                 str(tmp_path / "opt.onnx"), "--port", "0"], capture_output=True, text=True, timeout=60)
+        err = one_line_error(Result(served.returncode, served.stdout, served.stderr))
         assert f"ModelLoadError: model 'opt' version 1: 4 fake quantizations were never calibrated ({QUANTIZERS})" \
             in err and "--allow-uncalibrated" in err
 
