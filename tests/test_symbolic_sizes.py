@@ -300,3 +300,50 @@ def test_the_gpt_example_takes_a_symbolic_length():
         np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"idx": idx})["output"], want)
         with pytest.raises(gc.BackendError, match="gpt.py"):
             gc.Session(symbolic, backend=backend).run({"idx": np.zeros((1, 33), np.int64)})
+
+# slices of a [12, 10] param by bounds read at run time, as (row slice, column slice) of T: negative and
+# missing bounds, bounds past the axis (clamped as Slice clamps), empty slices, steps of either sign
+_RUN_TIME_SLICES = (
+    lambda T: (slice(None, T), slice(None)),  # noqa: N803 - torch code's name
+    lambda T: (slice(T - 1, None), slice(-T, None)),  # noqa: N803
+    lambda T: (slice(1, T), slice(T // 2, T + 20)),  # noqa: N803
+    lambda T: (slice(-T - 20, -2), slice(T * 3, None)),  # noqa: N803 - a start before the axis, one past it
+    lambda T: (slice(T, 2), slice(None, None, 2)),  # noqa: N803 - empty for T >= 2
+    lambda T: (slice(T - 2, None, 3), slice(1, T, 4)),  # noqa: N803
+    lambda T: (slice(T, None, -1), slice(None, T, -2)),  # noqa: N803
+    lambda T: (slice(-T, None, -3), slice(T + 20, 1, -4)),  # noqa: N803
+    lambda T: (slice(None, T - 20, -1), slice(-1, -T, -1)),  # noqa: N803 - a negative step's end before the axis
+    lambda T: (slice(None, None, T), slice(None, -T)),  # noqa: N803 - a step read at run time: scattered back
+)
+
+
+class _Slices(nn.Module):
+    """sum_k (k + 1) * sum(table[slice_k(T)] ** 2): its gradient puts each slice's 2 * x back in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(RNG.standard_normal((12, 10)))
+
+    def forward(self, y):
+        T = y.shape[0]  # noqa: N806
+        return sum((k + 1) * (self.table[rows, cols] ** 2).sum()
+                   for k, (rows, cols) in enumerate(f(T) for f in _RUN_TIME_SLICES))
+
+
+def test_the_gradient_of_a_slice_with_run_time_bounds_pads_dy_back():
+    """Each Slice above but the run-time step gets its gradient as a Pad (no ScatterElements over the table);
+    the gradients equal torch float64's (the same positions picked by index_select) at T=3, 7, 11."""
+    torch = pytest.importorskip("torch")
+    net = _Slices().double()
+    grads = gc.grad(gc.capture(net, y=gc.spec("float64", ("T",))), "output")
+    assert sum(n.op_type == "ScatterElements" for n in grads.ir.graph) == 1  # the run-time step's
+    for t in (3, 7, 11):
+        table = torch.tensor(net.state_dict()["table"], requires_grad=True)
+        picked = (lambda size, s: torch.tensor(np.arange(size)[s].copy()))  # noqa: E731 - torch takes no step < 0
+        loss = sum((k + 1) * (table.index_select(0, picked(12, rows)).index_select(1, picked(10, cols)) ** 2).sum()
+                   for k, (rows, cols) in enumerate(f(t) for f in _RUN_TIME_SLICES))
+        loss.backward()
+        for backend in BACKENDS:
+            got = gc.Session(grads, backend=backend).run({"y": np.zeros(t)})
+            np.testing.assert_allclose(got["output"], loss.item(), rtol=1e-14, err_msg=f"{backend} T={t}")
+            np.testing.assert_array_equal(got["table_grad"], table.grad.numpy(), err_msg=f"{backend} T={t}")

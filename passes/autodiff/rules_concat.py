@@ -9,7 +9,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
-from graphc.passes.autodiff.rules_shape import static_slice_pads
+from graphc.passes.autodiff.slice_pads import static_slice_pads
 
 
 def _dim_once(g, x: ir.Value, axis: int, read: dict):

@@ -12,6 +12,7 @@ from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.resize_runtime import block_sum, runtime_matrix
 from graphc.passes.autodiff.separable import axis_matrix, contract
+from graphc.passes.autodiff.slice_pads import constant_input, run_time_slice_grad, static_slice_pads
 
 # An edge/reflect/wrap Pad's gradient contracts dy with an [out, in] matrix per padded axis up to this
 # many entries; past it (a long axis: the matrix and the MatMul's work grow with its square), dy is summed
@@ -41,35 +42,6 @@ def grad_expand(g, node, dy):
     return dy, None
 
 
-def static_slice_pads(node: ir.Node) -> list[int] | None:
-    """Pads for Pad(dy) that undo a Slice whose bounds are constants and steps are 1, else None."""
-    x = node.inputs[0]
-    shape = static_shape(x)
-    if not is_static(shape) or len(node.inputs) < 3:
-        return None
-    starts, ends = folded_array(node.inputs[1]), folded_array(node.inputs[2])
-    has_axes, axes = _constant_input(node, 3)
-    has_steps, steps = _constant_input(node, 4)
-    if starts is None or ends is None or (has_axes and axes is None):
-        return None
-    if has_steps and (steps is None or np.any(steps != 1)):
-        return None
-    rank = len(shape)
-    axes = range(len(starts)) if axes is None else [int(a) % rank for a in axes]
-    before, after = [0] * rank, [0] * rank
-    for axis, s, e in zip(axes, starts, ends):
-        dim = shape[axis]
-        s = int(np.clip(s + dim if s < 0 else s, 0, dim))
-        e = int(np.clip(e + dim if e < 0 else e, 0, dim))
-        length = max(0, e - s)
-        before[axis], after[axis] = s, dim - s - length
-    return before + after
-
-
-def _constant_input(node: ir.Node, i: int) -> tuple[bool, np.ndarray | None]:
-    """(whether ``node`` is given its optional input ``i``, that input's value when a constant)."""
-    value = node.inputs[i] if len(node.inputs) > i else None
-    return value is not None, None if value is None else folded_array(value)
 
 
 def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) -> ir.Value:
@@ -89,12 +61,17 @@ def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) 
 @grad_rule("Slice")
 def grad_slice(g, node, dy):
     # Scatter dy into zeros at the sliced positions: Pad when bounds are static with unit
-    # steps, else slice a tensor of flat indices the same way and ScatterElements into it.
+    # steps, a Pad with pads computed at run time when bounds are read at run time (constant
+    # axes and steps), else slice a tensor of flat indices the same way and ScatterElements
+    # into it.
     x = node.inputs[0]
     rest = (None,) * (len(node.inputs) - 1)
     pads = static_slice_pads(node)
     if pads is not None:
         return (g.op("Pad", dy, g.ints(pads)),) + rest
+    dx = run_time_slice_grad(g, node, dy)
+    if dx is not None:
+        return (dx,) + rest
     dx = _scattered_back(g, x, dy, lambda positions: g.op("Slice", positions, *node.inputs[1:]), add=False)
     return (dx,) + rest
 
@@ -177,7 +154,7 @@ def grad_pad(g, node, dy):
         pads = np.asarray(attr(node, "pads"), np.int64) if attr(node, "pads") is not None else None
     else:
         pads = folded_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    has_axes, axes = _constant_input(node, 3)
+    has_axes, axes = constant_input(node, 3)
     mode = attr(node, "mode", "constant")
     rank = g.rank(x)
     if pads is None or (has_axes and axes is None):
@@ -204,7 +181,7 @@ def _known_pads_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, mode: str, axe
         return g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
     if mode == "constant":  # a crop too: the adjoint pads dy by the opposite amounts (any shape)
         g.require_opset(11, "Pad with negative pads")
-        has_axes, _ = _constant_input(node, 3)
+        has_axes, _ = constant_input(node, 3)
         return g.op("Pad", dy, g.ints([-p for p in begin + end]), *([None, g.ints(axes)] if has_axes else []))
     shape = static_shape(x)
     if any(not isinstance(shape[a], int) for a, b, e in zip(axes, begin, end) if b or e):
