@@ -274,10 +274,30 @@ def test_dim_name_arithmetic_is_a_run_time_int_as_torch_symint():
     (lambda x: x.view("M", -1), r"reshape's dim 0: expected ints or dim names .*\['N'\]\), got 'M'"),
     (lambda x: gc.arange(x.shape[0] * 0.5), r"unsupported operand"),
     (lambda x: x if x.shape[0] > 4 else x, r"N > 4: the dim 'N' is symbolic, its size is known only when the graph"),
+    (lambda x: x * 2 if x.shape[0] == 1 else x, r"N == 1: the dim 'N' is symbolic.*\(at .*test_symbolic_sizes.py:\d+\)"),
+    (lambda x: x if x.shape[0] != 5.0 else x, r"N != 5.0: .*read at run time \(N - 5.0 != 0 for N != 5.0\), a bool"),
+    (lambda x: x if x.shape[0] in (1, 2) else x, r"N == 1: the dim 'N' is symbolic"),
+    (lambda x: x if x.shape == (3,) else x, r"N == 3: the dim 'N' is symbolic"),
+    (lambda x: x if x.shape[0] else x, r"bool\(N\): .*\(N \+ 0 != 0\), a bool Tensor for gc.where or gc.cond"),
 ])
 def test_what_stays_unsupported_says_so(fn, match):
     with pytest.raises((gc.CaptureError, TypeError), match=match):
         gc.capture(fn, x=gc.spec("float64", ("N",)))
+
+
+def test_dim_names_compare_as_names_and_hash_as_str():
+    """A dim name equals its name (and another name's dim), keys dicts as the str; graphc's own ``d == 1`` checks
+    on symbolic dims keep working (a broadcast against [1] and a squeeze of a size-1 dim below)."""
+    seen = {}
+
+    def fn(x, y):
+        N, M = x.shape[0], y.shape[0]  # noqa: N806
+        seen.update(same=N == "N", other=N != M, key={N: 1}["N"], member=N in {"N"}, text=N == x.shape[0])
+        return (x + gc.ones(1, dtype=x.dtype)).unsqueeze(0).squeeze(0) * 2
+
+    model = gc.capture(fn, x=gc.spec("float64", ("N",)), y=gc.spec("float64", ("M",)))
+    assert seen == {"same": True, "other": True, "key": 1, "member": True, "text": True}
+    np.testing.assert_array_equal(gc.Session(model).run({"x": np.ones(3), "y": np.ones(2)})["output"], np.full(3, 4.0))
 
 
 def test_a_zero_run_time_step_fails_at_run_time_naming_the_line():
@@ -300,6 +320,7 @@ def test_the_gpt_example_takes_a_symbolic_length():
         np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"idx": idx})["output"], want)
         with pytest.raises(gc.BackendError, match="gpt.py"):
             gc.Session(symbolic, backend=backend).run({"idx": np.zeros((1, 33), np.int64)})
+
 
 # slices of a [12, 10] param by bounds read at run time, as (row slice, column slice) of T: negative and
 # missing bounds, bounds past the axis (clamped as Slice clamps), empty slices, steps of either sign

@@ -70,6 +70,11 @@ def user_source() -> str:
     return f"{_display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
+def called_from_graphc(depth: int = 1) -> bool:
+    """Whether the frame ``depth`` levels above the caller is graphc's own code (or numpy's), not the user's."""
+    return sys._getframe(depth + 1).f_code.co_filename.startswith(_NOT_USER)
+
+
 def raised_at(exc: BaseException) -> str:
     """``file.py:LINE`` where ``exc`` was raised in the user's code: the innermost frame of its
     traceback outside graphc and numpy, and outside Python's own and installed libraries when

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import current, user_source
+from graphc.dsl.builder import called_from_graphc, current, user_source
 from graphc.dsl.ops import checked_int, concat, const_i64, emit, lift, reshape
 from graphc.dsl.tensor import DimName, Tensor
 from graphc.errors import CaptureError
@@ -43,17 +43,35 @@ def sized(size: Sequence[Any], fn: str) -> tuple[list, Tensor | None]:
 
 def _refused_comparison(symbol: str) -> Callable:
     """``DimName``'s ``symbol``: str's comparison with a str, a CaptureError with a number (the size is not known
-    at capture)."""
+    at capture). ``==`` and ``!=`` with a number stay str's (unequal) in graphc's own code, whose checks such as
+    ``d == 1`` read a name as a size other than that number."""
+    method = _COMPARISONS[symbol]
+
     def compare(self: DimName, other: Any) -> Any:
-        if isinstance(other, str) or not isinstance(other, (int, float, np.number)):
-            return getattr(str, _COMPARISONS[symbol])(self, other)
-        raise CaptureError(f"{self} {symbol} {other}: the dim {str(self)!r} is symbolic, its size is known only when "
-                           f"the graph runs, so Python cannot compare it at capture; drop the check (an assert on "
-                           f"the length) or give that input a static size (at {user_source()})")
+        if isinstance(other, str) or not isinstance(other, (int, float, np.number)) or \
+                (symbol in ("==", "!=") and called_from_graphc()):
+            return getattr(str, method)(self, other)
+        test = f"{self} {symbol} {other}"
+        raise _unknown_size(test, self, f"({self} - {other} {symbol} 0 for {test})")
     return compare
 
 
-_COMPARISONS = {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
+def _refused_truth(self: DimName) -> bool:
+    """``bool(T)``: str's (True) in graphc's own code, else a CaptureError as a comparison with 0."""
+    if called_from_graphc():
+        return True
+    raise _unknown_size(f"bool({self})", self, f"({self} + 0 != 0)")
+
+
+def _unknown_size(what: str, name: DimName, example: str) -> CaptureError:
+    """The CaptureError of a Python test on a symbolic dim: its size is known only when the graph runs."""
+    return CaptureError(f"{what}: the dim {str(name)!r} is symbolic, its size is known only when the graph runs, so "
+                        f"Python cannot test it at capture; drop the check (an assert on the length), give that "
+                        f"input a static size, or test the size in the graph: arithmetic on the name is a Tensor "
+                        f"read at run time {example}, a bool Tensor for gc.where or gc.cond (at {user_source()})")
+
+
+_COMPARISONS = {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__", "==": "__eq__", "!=": "__ne__"}
 
 
 def _arithmetic(method: str, concatenates: bool = False) -> Callable:
@@ -76,4 +94,5 @@ DIM_NAME_OPERATORS = {
        for m in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
                  "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__", "__neg__", "__pos__")},
     **{name: _refused_comparison(symbol) for symbol, name in _COMPARISONS.items()},
+    "__bool__": _refused_truth, "__hash__": str.__hash__,
 }
