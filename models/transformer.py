@@ -1,5 +1,8 @@
 """A transformer encoder for token sequences: embeddings, pre-norm blocks of multi-head
-self-attention and a GELU MLP with residual adds, LayerNorm, mean-pooled classifier head."""
+self-attention and a GELU MLP with residual adds, LayerNorm, mean-pooled classifier head.
+
+    graphc capture models/transformer.py:TransformerEncoder --input tokens:int64[N,T] -o encoder.onnx   # T <= max_len
+"""
 
 from __future__ import annotations
 
@@ -40,10 +43,13 @@ class TransformerEncoder(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, tokens):
-        length = tokens.shape[1]
-        if not isinstance(length, int):
-            raise gc.GraphError(f"TransformerEncoder needs a static sequence length, got {tokens.type_str()}")
-        x = self.tok(tokens) + self.pos(np.arange(length, dtype=np.int64))
+        length = tokens.shape[1]  # an int, or a dim name: then positions past max_len fail at run time
+        if isinstance(length, int) and length > self.max_len:
+            raise gc.GraphError(f"TransformerEncoder's sequence length is at most {self.max_len}, "
+                                f"got {tokens.type_str()}")
+        # a static length's positions a constant (the Embedding's own, as before), a dim name's read at run time
+        positions = np.arange(length, dtype=np.int64) if isinstance(length, int) else gc.arange(length)
+        x = self.tok(tokens) + self.pos(positions)
         x = self.norm(self.blocks(x))
         return self.head(x.mean(axis=1))
 

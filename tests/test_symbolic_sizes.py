@@ -368,3 +368,21 @@ def test_the_gradient_of_a_slice_with_run_time_bounds_pads_dy_back():
             got = gc.Session(grads, backend=backend).run({"y": np.zeros(t)})
             np.testing.assert_allclose(got["output"], loss.item(), rtol=1e-14, err_msg=f"{backend} T={t}")
             np.testing.assert_array_equal(got["table_grad"], table.grad.numpy(), err_msg=f"{backend} T={t}")
+
+
+def test_the_transformer_example_takes_a_symbolic_length():
+    """models/transformer.py captured with [N, T] equals its capture at a static 7 at T=7; past max_len a run
+    fails naming the line, a static length past it is refused at capture."""
+    from graphc.models import transformer
+
+    net = transformer.TransformerEncoder()
+    symbolic = gc.capture(net, tokens=gc.spec("int64", ("N", "T")), seed=0)
+    static = gc.capture(net, tokens=gc.spec("int64", ("N", 7)), seed=0)
+    tokens = RNG.integers(0, 1000, (2, 7))
+    for backend in BACKENDS:
+        want = gc.Session(static, backend=backend).run({"tokens": tokens})["output"]
+        np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"tokens": tokens})["output"], want)
+        with pytest.raises(gc.BackendError, match="transformer.py"):
+            gc.Session(symbolic, backend=backend).run({"tokens": np.zeros((1, 65), np.int64)})
+    with pytest.raises(gc.GraphError, match=r"at most 64, got int64\[N,65\]"):
+        gc.capture(net, tokens=gc.spec("int64", ("N", 65)))
