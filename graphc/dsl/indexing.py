@@ -76,6 +76,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         elif isinstance(item, slice):
             if not (item.start is None and item.stop is None and item.step is None):
                 lo, hi, step = _bounds(item, axis)
+                if item.start is not None:
+                    lo, hi = _python_start(x, axis, lo, hi, step)
                 starts.append(lo)
                 ends.append(hi)
                 axes.append(axis)
@@ -118,6 +120,29 @@ def _bounds(item: slice, axis: int) -> tuple[Any, Any, Any]:
     forward = step > 0  # a bool Tensor where the step is one
     pick = (lambda a, b: a if forward else b) if isinstance(step, int) else (lambda a, b: ops.where(forward, a, b))
     return pick(0, -1) if lo is None else lo, pick(_INT_MAX, -_INT_MAX) if hi is None else hi, step
+
+
+def _python_start(x: Tensor, axis: int, lo: Any, hi: Any, step: Any) -> tuple[Any, Any]:
+    """(start, stop) of a slice given a start, as Python reads them where Slice does not: a negative step's
+    start before the axis (``x[-17::-1]`` on 12 rows) leaves Python's slice empty, where Slice clamps it to
+    row 0 and reads that row. Such bounds become (0, 0), empty for Slice too: at capture where the start,
+    step and size are known, else chosen at run time. Other bounds read as Python's and stay."""
+    if (isinstance(step, int) and step > 0) or (isinstance(lo, int) and lo >= -1):
+        return lo, hi  # a start of -1 or more is before an axis only of size 0, where Slice reads nothing
+    size = x.shape[axis]
+    if isinstance(lo, int) and isinstance(size, int):
+        if lo >= -size:
+            return lo, hi
+        if isinstance(step, int):
+            return 0, 0
+        empty = ops.binary("Less", step, 0)
+    else:
+        if not isinstance(size, int):
+            size = ops.squeeze(ops.emit("Shape", [x], {"start": axis, "end": axis + 1}), [0])
+        empty = ops.binary("Less", lo, -size)
+        if isinstance(step, Tensor):
+            empty = ops.emit("And", [empty, ops.binary("Less", step, 0)])
+    return ops.where(empty, 0, lo), ops.where(empty, 0, hi)
 
 
 def _counts_to_name(item: slice) -> bool:
