@@ -138,7 +138,7 @@ def _python_start(x: Tensor, axis: int, lo: Any, hi: Any, step: Any) -> tuple[An
         empty = ops.binary("Less", step, 0)
     else:
         if not isinstance(size, int):
-            size = ops.squeeze(ops.emit("Shape", [x], {"start": axis, "end": axis + 1}), [0])
+            size = ops.dim_of(x, axis)
         empty = ops.binary("Less", lo, -size)
         if isinstance(step, Tensor):
             empty = ops.emit("And", [empty, ops.binary("Less", step, 0)])

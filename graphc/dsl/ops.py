@@ -58,8 +58,13 @@ def _dim_size(name: str, like: Tensor | None) -> Tensor:
         raise CaptureError(f"cannot use str {name!r} as a tensor: it is not a dim name of the captured inputs "
                            f"{sorted(sources)} (at {user_source()})")
     value, axis = sources[name]
-    size = squeeze(emit("Shape", [Tensor(value)], {"start": axis, "end": axis + 1}), [0])
+    size = dim_of(Tensor(value), axis)
     return size if like is None or like.dtype == "int64" else cast(size, like.dtype)
+
+
+def dim_of(x: Tensor, axis: int) -> Tensor:
+    """Dim ``axis`` (non-negative) of ``x`` as a 0-d int64 read at run time."""
+    return squeeze(emit("Shape", [x], {"start": axis, "end": axis + 1}), [0])
 
 
 def checked_int(value: Any, what: str, op: str, counts: bool = False) -> int | str | Tensor:

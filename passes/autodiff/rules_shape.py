@@ -42,8 +42,6 @@ def grad_expand(g, node, dy):
     return dy, None
 
 
-
-
 def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) -> ir.Value:
     """dx of an op whose output element k is x's element at ``read(positions)[k]``, ``read``
     applied to x's flat positions (shaped as x): dy scattered into zeros of x's size, summed where
