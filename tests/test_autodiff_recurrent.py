@@ -305,6 +305,23 @@ def _torch_grads_in_onnx_layout(layer, kind: str, num_layers: int) -> list[dict[
     return grads
 
 
+def _weighted_bidirectional(torch, kind: str, layers: int, dynamic_time: bool):
+    """A float64 ``layers``-layer bidirectional batch-first nn.LSTM/nn.GRU (I -> H, seed 0) whose loss is its
+    output times a fixed weight, summed: one weight per feature with a dynamic time axis, else per step too."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = getattr(torch.nn, kind)(I, H, num_layers=layers, batch_first=True, bidirectional=True)
+            self.register_buffer("weight", torch.randn(2 * H) if dynamic_time else torch.randn(T, 2 * H))
+
+        def forward(self, x):
+            return (self.layer(x)[0] * self.weight).sum()
+
+    return Net().double()
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning",
                             "ignore:Converting a tensor to a Python boolean")
 # A dynamic time axis only through TorchScript: once a process has exported an nn.LSTM with the
@@ -318,19 +335,8 @@ def test_exported_torch_recurrent_layer_gradients_match_torch(kind, dynamo, dyna
     op's W, R and B equal torch.autograd's, at the export's batch size and at another one (the
     batch dim is symbolic); with a dynamic time axis too (the Scan form), at two lengths."""
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
     layers = 2
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = getattr(torch.nn, kind)(I, H, num_layers=layers, batch_first=True, bidirectional=True)
-            self.register_buffer("weight", torch.randn(2 * H) if dynamic_time else torch.randn(T, 2 * H))
-
-        def forward(self, x):
-            return (self.layer(x)[0] * self.weight).sum()
-
-    net = Net().double()
+    net = _weighted_bidirectional(torch, kind, layers, dynamic_time)
     x = torch.randn(N, T, I, dtype=torch.float64, requires_grad=True)
     path = tmp_path / "rnn.onnx"
     axes = {0: "N", 1: "T"} if dynamic_time else {0: "N"}
@@ -366,18 +372,7 @@ def test_torch_layout_recurrent_parameters_get_torch_gradients_without_pads(kind
     op. Their float64 gradients equal torch.autograd's as they are, on numpy and onnxruntime, and
     each reorder's gradient is its inverse permutation (Split + Concat), no Pad per gate block."""
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = getattr(torch.nn, kind)(I, H, num_layers=2, batch_first=True, bidirectional=True)
-            self.register_buffer("weight", torch.randn(2 * H) if dynamic_time else torch.randn(T, 2 * H))
-
-        def forward(self, x):
-            return (self.layer(x)[0] * self.weight).sum()
-
-    net = Net().double()
+    net = _weighted_bidirectional(torch, kind, 2, dynamic_time)
     x = torch.randn(N, T, I, dtype=torch.float64, requires_grad=True)
     path = tmp_path / "rnn.onnx"
     torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["loss"], dynamo=False, opset_version=17,
