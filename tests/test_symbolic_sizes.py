@@ -307,21 +307,6 @@ def test_a_zero_run_time_step_fails_at_run_time_naming_the_line():
             gc.Session(model, backend=backend).run({"x": np.ones(3)})
 
 
-def test_the_gpt_example_takes_a_symbolic_length():
-    """models/gpt.py captured with [N, T] equals its capture at a static 7 at T=7; past block_size a run fails."""
-    from graphc.models import gpt
-
-    net = gpt.GPT()
-    symbolic = gc.capture(net, idx=gc.spec("int64", ("N", "T")), seed=0)
-    static = gc.capture(net, idx=gc.spec("int64", ("N", 7)), seed=0)
-    idx = RNG.integers(0, 100, (2, 7))
-    for backend in BACKENDS:
-        want = gc.Session(static, backend=backend).run({"idx": idx})["output"]
-        np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"idx": idx})["output"], want)
-        with pytest.raises(gc.BackendError, match="gpt.py"):
-            gc.Session(symbolic, backend=backend).run({"idx": np.zeros((1, 33), np.int64)})
-
-
 # slices of a [12, 10] param by bounds read at run time, as (row slice, column slice) of T: negative and
 # missing bounds, bounds past the axis (clamped as Slice clamps), empty slices, steps of either sign
 _RUN_TIME_SLICES = (
@@ -370,19 +355,26 @@ def test_the_gradient_of_a_slice_with_run_time_bounds_pads_dy_back():
             np.testing.assert_array_equal(got["table_grad"], table.grad.numpy(), err_msg=f"{backend} T={t}")
 
 
-def test_the_transformer_example_takes_a_symbolic_length():
-    """models/transformer.py captured with [N, T] equals its capture at a static 7 at T=7; past max_len a run
-    fails naming the line, a static length past it is refused at capture."""
+@pytest.mark.parametrize("example, net_class, input_name, vocab, past", [
+    ("gpt", "GPT", "idx", 100, 33), ("transformer", "TransformerEncoder", "tokens", 1000, 65)])
+def test_the_sequence_examples_take_a_symbolic_length(example, net_class, input_name, vocab, past):
+    """models/gpt.py and models/transformer.py captured with [N, T] equal their captures at a static 7 at T=7; a
+    run past their length limit fails naming the example's file."""
+    import importlib
+
+    net = getattr(importlib.import_module(f"graphc.models.{example}"), net_class)()
+    symbolic = gc.capture(net, **{input_name: gc.spec("int64", ("N", "T"))}, seed=0)
+    static = gc.capture(net, **{input_name: gc.spec("int64", ("N", 7))}, seed=0)
+    tokens = RNG.integers(0, vocab, (2, 7))
+    for backend in BACKENDS:
+        want = gc.Session(static, backend=backend).run({input_name: tokens})["output"]
+        np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({input_name: tokens})["output"], want)
+        with pytest.raises(gc.BackendError, match=f"{example}.py"):
+            gc.Session(symbolic, backend=backend).run({input_name: np.zeros((1, past), np.int64)})
+
+
+def test_the_transformer_example_refuses_a_static_length_past_its_limit():
     from graphc.models import transformer
 
-    net = transformer.TransformerEncoder()
-    symbolic = gc.capture(net, tokens=gc.spec("int64", ("N", "T")), seed=0)
-    static = gc.capture(net, tokens=gc.spec("int64", ("N", 7)), seed=0)
-    tokens = RNG.integers(0, 1000, (2, 7))
-    for backend in BACKENDS:
-        want = gc.Session(static, backend=backend).run({"tokens": tokens})["output"]
-        np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"tokens": tokens})["output"], want)
-        with pytest.raises(gc.BackendError, match="transformer.py"):
-            gc.Session(symbolic, backend=backend).run({"tokens": np.zeros((1, 65), np.int64)})
     with pytest.raises(gc.GraphError, match=r"at most 64, got int64\[N,65\]"):
-        gc.capture(net, tokens=gc.spec("int64", ("N", 65)))
+        gc.capture(transformer.TransformerEncoder(), tokens=gc.spec("int64", ("N", 65)))
