@@ -72,6 +72,7 @@ API_DEFAULTS = {
     ("train", "quiet"): (gc.Trainer.fit, "quiet"),
     ("train", "log"): (gc.Trainer.fit, "log"),
     ("train", "changed_optimizer"): (gc.Trainer.load_checkpoint, "changed_optimizer"),
+    ("train", "fresh_optimizer"): (gc.Trainer.load_checkpoint, "fresh_optimizer"),
     ("export", "opset"): (export_inference, "opset"),
     ("export", "allow_untrained"): (export_inference, "allow_untrained"),
     ("export", "dtype"): (export_inference, "dtype"),

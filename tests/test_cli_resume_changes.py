@@ -1,6 +1,8 @@
 """`graphc train --resume` on artifacts regenerated with another optimizer: refused naming
 `--changed-optimizer`, and with it the same run as ``load_checkpoint(changed_optimizer=True)``."""
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -91,7 +93,7 @@ def test_adam_to_sgd_with_changed_optimizer_says_the_state_does_not_fit(tmp_path
     err = one_line_error(train(capsys, root, sgd, 2, "--resume", "--changed-optimizer"))
     assert ("the checkpoint's adam state (exp_sum, exp_sum_sq) does not fit the optimizer state these training "
             "graphs' sgd keeps (momentum_buffer)") in err, err
-    assert "no way to start from a checkpoint's params with fresh optimizer state" in err and "start a new run" in err
+    assert "or pass --fresh-optimizer to take its params with a fresh optimizer" in err
     assert "another model" not in err
     assert resolve(root / "ck").read_bytes() == saved
 
@@ -127,3 +129,36 @@ def test_the_lr_note_prints_a_warning_raised_before_an_error(capsys):
             raise RuntimeError("after the warning")
     err = capsys.readouterr().err
     assert "lr changed; graphc train has no lr option" in err and "trainer.lr = 0.001" in err, err
+
+
+def test_fresh_optimizer_takes_the_params_into_a_new_run_as_python_and_replaces_the_checkpoint(tmp_path, capsys):
+    """Adam -> SGD, enc.bias frozen in the first run and trained now: a full resume is refused
+    naming --fresh-optimizer; with it the run is Python's params-only resume, bit for bit,
+    and the folder then holds the SGD run (its graphs beside)."""
+    root = workspace(tmp_path)
+    adam = regenerated(root, "adam", gc.optim.Adam(0.01), frozen=["enc.bias"])
+    assert train(capsys, root, adam, 1).code == 0
+    saved = resolve(root / "ck").read_bytes()
+    shutil.copytree(root / "ck", tmp_path / "py")  # the checkpoint and its graphs, for Python's run
+    sgd = regenerated(root, "sgd", gc.optim.SGD(0.01, momentum=0.9))
+    err = one_line_error(train(capsys, root, sgd, 1, "--resume"))
+    assert "trained with adam, these training graphs train with sgd" in err, err
+    assert "or --fresh-optimizer to take its params with a fresh optimizer" in err, err
+    assert "fresh_optimizer=True" not in err and resolve(root / "ck").read_bytes() == saved
+    assert "--fresh-optimizer applies to a --resume run" in one_line_error(train(capsys, root, sgd, 1,
+                                                                                 "--fresh-optimizer"))
+    assert "give one of them" in one_line_error(train(capsys, root, sgd, 1, "--resume", "--fresh-optimizer",
+                                                      "--changed-optimizer"))
+
+    done = train(capsys, root, sgd, 2, "--resume", "--fresh-optimizer")
+    assert done.code == 0, done.err
+    assert "a new run with a fresh optimizer (step 0)" in done.out and "resumed from" not in done.out
+
+    python = gc.Trainer(sgd, backend="numpy")
+    python.load_checkpoint(tmp_path / "py", fresh_optimizer=True)
+    python.fit(gc.data.DataLoader(dict(np.load(root / "data.npz")), batch_size=16, seed=0), 2, progress=False,
+               quiet=True)
+    cli = gc.Trainer(root / "ck", backend="numpy")
+    assert cli.manifest.optimizer == python.manifest.optimizer and cli.step_count == python.step_count == 8
+    for name, value in python.state_dict().items():
+        assert cli.state_dict()[name].tobytes() == value.tobytes(), name

@@ -180,12 +180,13 @@ def test_another_optimizer_is_refused_naming_both(tmp_path, before, after, words
 
 def test_changed_optimizer_to_one_of_other_state_says_it_does_not_fit(tmp_path):
     """Adam -> SGD: nothing carries over; it was 'has state ..., which these training graphs
-    lack; it was saved from different training graphs', as for another model."""
+    lack; it was saved from different training graphs', as for another model. It names the
+    params-only resume, which takes the checkpoint's params with SGD's fresh state."""
     saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck")
     resumed = gc.Trainer(artifacts(gc.optim.SGD(1e-2, momentum=0.9)), backend="numpy")
     with pytest.raises(CheckpointError, match=r"the checkpoint's adam state \(exp_sum, exp_sum_sq\) does not fit the "
-                       r"optimizer state these training graphs' sgd keeps \(momentum_buffer\).*no way to start from "
-                       r"a checkpoint's params with fresh optimizer state.*start a new run") as refused:
+                       r"optimizer state these training graphs' sgd keeps \(momentum_buffer\).*or pass fresh_optimizer=True "
+                       r"to take its params with a fresh optimizer") as refused:
         resumed.load_checkpoint(tmp_path / "ck", changed_optimizer=True)
     assert "different training graphs" not in str(refused.value) and resumed.step_count == 0
 

@@ -98,11 +98,13 @@ def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: 
     return True
 
 
-def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimizer: bool = False) -> None:
+def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimizer: bool = False,
+                     fresh_optimizer: bool = False) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
     ``path`` (none of another model's is there); with ``resume`` one is there to continue (of
-    the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``),
-    without it none is there to be overwritten by a fresh run."""
+    the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``; with
+    ``fresh_optimizer`` its params are taken, ``params_only``, and the run replaces it), without
+    it none is there to be overwritten by a fresh run."""
     from graphc.runtime.checkpoint import CheckpointError, check_writable, read_meta, read_tensor_table, resolve
     from graphc.runtime.checkpoint_folder import check_owner, find_artifacts
     from graphc.compile.training import MANIFEST_FILE, read_manifest
@@ -119,9 +121,11 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
         source = find_artifacts(artifacts)
     if source is not None:
         manifest = read_manifest(source)
-        if resume:  # what differs as a change of settings, before check_owner takes it for another model's
+        if fresh_optimizer:  # its params, checked as the load will; the run replaces the rest
+            _check_params(path, target, manifest)
+        elif resume:  # what differs as a change of settings, before check_owner takes it for another model's
             _check_resume(path, read_meta(target), read_tensor_table(target), manifest, changed_optimizer)
-        check_owner(path, manifest.carried())  # another model's checkpoint is named here
+        check_owner(path, manifest.carried(), target.resolve() if fresh_optimizer else None)
     else:
         check_writable(path)
     if not resume and target.is_file():
@@ -139,7 +143,22 @@ def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: 
     try:  # the lr is warned of by load_checkpoint, later
         resume_rules.check_resume(path, meta, tensors, manifest, manifest.carried(), changed_optimizer, warn_lr=False)
     except resume_rules.OptimizerChanged as exc:
-        raise CheckpointError(exc.words("--changed-optimizer")) from None
+        raise CheckpointError(exc.words("--changed-optimizer", "--fresh-optimizer")) from None
+    except resume_rules.StateChanged as exc:
+        raise CheckpointError(exc.words("--fresh-optimizer")) from None
+
+
+def _check_params(path: Path, target: Path, manifest) -> None:
+    """``params_only.restart``'s refusals of the checkpoint at ``target`` for the graphs of
+    ``manifest``, before the model is loaded (its warnings come with the load)."""
+    import warnings
+
+    from graphc.runtime import checkpoint, params_only
+
+    tensors, meta = checkpoint.load(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        params_only.restart(path, tensors, meta, manifest, {})
 
 
 @app.command("train")
@@ -170,6 +189,11 @@ def train_cmd(
                                            "ARTIFACT_DIR was generated with where the checkpoint's differ, its state "
                                            "carried over (Adam <-> AdamW; as setting torch's param_groups after "
                                            "load_state_dict); without it such a resume is refused."),
+    fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --resume: take only the checkpoint's "
+                                         "params and buffers (BatchNorm statistics) and start a new run of ARTIFACT_DIR "
+                                         "from them: step 0, the optimizer's state fresh, any optimizer and any "
+                                         "frozen set that trains the checkpoint's trained params (torch's "
+                                         "load_state_dict and a new optimizer); the run's checkpoints replace it."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the shuffling and of Dropout's noise."),
     metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
                                       help="A metric (repeatable), reported for training and evaluation, instead of "
@@ -231,8 +255,12 @@ def train_cmd(
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
-    if changed_optimizer and not resume:
-        raise ValueError("--changed-optimizer applies to a --resume run: give --resume --checkpoint DIR too")
+    for option, on in (("--changed-optimizer", changed_optimizer), ("--fresh-optimizer", fresh_optimizer)):
+        if on and not resume:
+            raise ValueError(f"{option} applies to a --resume run: give --resume --checkpoint DIR too")
+    if changed_optimizer and fresh_optimizer:
+        raise ValueError("--changed-optimizer carries the checkpoint's optimizer state over, --fresh-optimizer starts "
+                         "it afresh: give one of them")
     if quiet and given(ctx, "progress") and progress:
         raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
@@ -245,13 +273,16 @@ def train_cmd(
     if log is not None:
         log_format(log)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer)
+        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                          workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
         with _lr_note(trainer):
-            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
-    resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
+            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer)
+    resumed = None if fresh_optimizer else checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be one
+    if fresh_optimizer:
+        console.print(escape(f"params from {checkpoint}; a new run with a fresh optimizer (step 0)"), highlight=False,
+                      soft_wrap=True)
     if resumed is not None:
         console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
                       highlight=False, soft_wrap=True)

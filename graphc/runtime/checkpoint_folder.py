@@ -113,10 +113,12 @@ def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest]) -> I
     _put_in_place(staged, final)  # committed: a failure here leaves them for ``_settle``
 
 
-def check_owner(path: PathLike, expected: Mapping[str, Any]) -> tuple[Path, Optional[Manifest]]:
+def check_owner(path: PathLike, expected: Mapping[str, Any],
+                replacing: Optional[Path] = None) -> tuple[Path, Optional[Manifest]]:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
-    ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs, unless it is the
+    checkpoint file ``replacing`` (resolved: the one a params-only resume started from). A checkpoint
     that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
     ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
     folder would hold a checkpoint they cannot read. Returns the checkpoint file's path and the
@@ -126,6 +128,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> tuple[Path, Opti
 
     target = check_writable(path)
     found = []
+    mine = replacing is not None and target.resolve() == replacing
     if target.is_file():
         meta, table = read_meta_and_table(target)
         found.append((target, {sum_name(n, expected): v for n, v in table.items()},
@@ -136,7 +139,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> tuple[Path, Opti
         carried = manifest.carried()
         found.append((beside / ARTIFACTS_MANIFEST, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
-    for where, tensors, roles in found:
+    for where, tensors, roles in [] if mine else found:
         problem = mismatch(expected, tensors, roles)
         if problem is not None and any(sum_name(n, expected) != n for n in tensors):
             raise CheckpointError(f"{path} holds training graphs of an earlier format ({where.parent}), which keep "

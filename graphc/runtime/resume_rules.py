@@ -15,7 +15,9 @@ fails naming the change before any step, never trains silently on something else
 - the trainable set: a param moved between trained and frozen is a ``CheckpointError`` naming
   each move and the set to generate the graphs with; torch would go on (a newly trained param's
   state starting fresh, a newly frozen one keeping its trained value), which the graphs cannot:
-  they hold a frozen param's initial value as a constant, and Adam's step count is one for all.
+  they hold a frozen param's initial value as a constant, and Adam's step count is one for all
+  (per param only for params gated by a data-dependent branch). The refusal names the
+  params-only resume (``fresh_optimizer=True``, ``graphc.runtime.params_only``) as the way on.
 - the loader mid-epoch: another batch size, seed, shuffle or sample count would cover the rest
   of the epoch with other samples (some twice, some never), another drop_last with other batches,
   other data of the same length (the loaders' fingerprints) with other values: refused until the
@@ -32,7 +34,7 @@ from graphc.passes.training.adam_moments import sum_name
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["LrChanged", "OptimizerChanged", "check_position", "check_resume", "check_state_fits", "check_trainable",
+__all__ = ["LrChanged", "OptimizerChanged", "StateChanged", "check_position", "check_resume", "check_state_fits", "check_trainable",
            "loader_changes", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
@@ -41,11 +43,23 @@ _POSITION_FIELDS = ("seed", "batch_size", "shuffle", "num_samples")
 
 class OptimizerChanged(CheckpointError):
     """A checkpoint trained with another optimizer kind or constants than the training graphs';
-    ``words(accept)`` is the message naming ``accept`` as the way to train on regardless (Python's
-    ``changed_optimizer=True``, the CLI's ``--changed-optimizer``)."""
+    ``words(accept, fresh)`` is the message naming ``accept`` as the way to train on regardless
+    (Python's ``changed_optimizer=True``, the CLI's ``--changed-optimizer``) and ``fresh`` as the
+    way to take its params only (``fresh_optimizer=True``, ``--fresh-optimizer``)."""
+
+    def __init__(self, words: Callable[[str, str], str]):
+        super().__init__(words("changed_optimizer=True", "fresh_optimizer=True"))
+        self.words = words
+
+
+class StateChanged(CheckpointError):
+    """A checkpoint whose optimizer state cannot carry over to the training graphs (another
+    trainable set, an optimizer that keeps other state); ``words(fresh)`` is the message naming
+    ``fresh`` as the way to take its params with a fresh optimizer (Python's
+    ``fresh_optimizer=True``, the CLI's ``--fresh-optimizer``)."""
 
     def __init__(self, words: Callable[[str], str]):
-        super().__init__(words("changed_optimizer=True"))
+        super().__init__(words("fresh_optimizer=True"))
         self.words = words
 
 
@@ -84,17 +98,18 @@ def refuse_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carr
         return
     kind, was = now.get("kind"), saved.get("kind")
     if kind != was and not changed_optimizer:
-        raise OptimizerChanged(lambda accept: f"{path}: the checkpoint was trained with {was}, these training graphs "
-                               f"train with {kind}; resume with artifacts generated with the checkpoint's optimizer "
-                               f"({saved}), or pass {accept} where its state fits (torch's load_state_dict into "
-                               "another optimizer)")
+        raise OptimizerChanged(lambda accept, fresh: f"{path}: the checkpoint was trained with {was}, these training "
+                               f"graphs train with {kind}; resume with artifacts generated with the checkpoint's "
+                               f"optimizer ({saved}), or pass {accept} where its state fits (torch's load_state_dict "
+                               f"into another optimizer), or {fresh} to take its params with a fresh optimizer")
     changes = _changes(_constants(saved, carried), _constants(now, carried))
     if changes and not changed_optimizer:
-        raise OptimizerChanged(lambda accept: f"{path}: the checkpoint's {was} ran with other constants than these "
-                               f"training graphs hold: {', '.join(changes)}. torch would resume with the checkpoint's "
-                               "(optimizer.load_state_dict restores param_groups), which the graphs cannot take: "
-                               f"generate them with the checkpoint's values to resume exactly, or pass {accept} to "
-                               "train on with the graphs' (as setting param_groups after load_state_dict)")
+        raise OptimizerChanged(lambda accept, fresh: f"{path}: the checkpoint's {was} ran with other constants than "
+                               f"these training graphs hold: {', '.join(changes)}. torch would resume with the "
+                               "checkpoint's (optimizer.load_state_dict restores param_groups), which the graphs cannot "
+                               f"take: generate them with the checkpoint's values to resume exactly, or pass {accept} "
+                               "to train on with the graphs' (as setting param_groups after load_state_dict), or "
+                               f"{fresh} to take its params with a fresh optimizer")
 
 
 def _slots(names: Collection[str]) -> str:
@@ -114,12 +129,12 @@ def check_state_fits(path: Any, saved: dict[str, Any], now: dict[str, Any], role
     ours = {name for name, entry in expected.items() if entry.role == "state"} - set(roles)
     if not (theirs or ours):
         return
-    raise CheckpointError(f"{path}: the checkpoint's {saved.get('kind')} state ({_slots(theirs)}) does not fit the "
-                          f"optimizer state these training graphs' {now.get('kind')} keeps ({_slots(ours)}): the "
-                          "optimizer state carries over only to an optimizer that keeps the same (Adam <-> AdamW, "
-                          "other constants). graphc has no way to start from a checkpoint's params with fresh "
-                          "optimizer state: resume with artifacts generated with the checkpoint's optimizer "
-                          f"({saved}), or start a new run")
+    raise StateChanged(lambda fresh: f"{path}: the checkpoint's {saved.get('kind')} state ({_slots(theirs)}) does "
+                       f"not fit the optimizer state these training graphs' {now.get('kind')} keeps ({_slots(ours)}): "
+                       "the optimizer state carries over only to an optimizer that keeps the same (Adam <-> AdamW, "
+                       "other constants). Resume with artifacts generated with the checkpoint's optimizer "
+                       f"({saved}), or pass {fresh} to take its params with a fresh optimizer (torch's "
+                       "model.load_state_dict and a new optimizer)")
 
 
 def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], trainable: Collection[str],
@@ -137,12 +152,12 @@ def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], tr
     moves = ([f"trained in the checkpoint's run, frozen here: {', '.join(now_frozen)}"] if now_frozen else []) + (
         [f"frozen in the checkpoint's run, trained here: {', '.join(now_trained)}"] if now_trained else [])
     was_frozen = sorted((set(frozen) - set(now_frozen)) | set(now_trained))
-    raise CheckpointError(f"{path}: the trainable/frozen set changed ({'; '.join(moves)}). torch would go on, a "
-                          "newly trained param's optimizer state starting fresh and a newly frozen one keeping its "
-                          "trained value; these graphs cannot: they hold a frozen param's initial value as a "
-                          "constant, and the optimizer's step count is one for every param. Generate the training "
-                          f"graphs with the checkpoint's set, frozen={was_frozen!r} (graphc grad --freeze), to "
-                          "resume")
+    raise StateChanged(lambda fresh: f"{path}: the trainable/frozen set changed ({'; '.join(moves)}). torch would go "
+                       "on, a newly trained param's optimizer state starting fresh and a newly frozen one keeping its "
+                       "trained value; these graphs cannot: they hold a frozen param's initial value as a constant, "
+                       "and the optimizer's step count is one for every param. Generate the training graphs with the "
+                       f"checkpoint's set, frozen={was_frozen!r} (graphc grad --freeze), to resume"
+                       + ("" if now_frozen else f", or pass {fresh} to take its params with a fresh optimizer"))
 
 
 def check_resume(path: Any, meta: Any, tensors: Collection[str], manifest: Any, expected: dict[str, Any],

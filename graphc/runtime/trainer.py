@@ -65,7 +65,7 @@ from graphc.passes.training.in_place import in_place_outputs
 from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.runtime import averaging, checkpoint as ckpt, checkpoint_folder, momentum as momentum_lib, resume_rules
-from graphc.runtime import metrics as metrics_lib
+from graphc.runtime import metrics as metrics_lib, params_only
 from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
                                  first_non_finite)
 from graphc.runtime.feeds import check_one, dtype_name
@@ -330,6 +330,7 @@ class Trainer:
         self.scheduler_interval = "epoch"
         self._pending_schedule: Optional[dict[str, Any]] = None
         self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
+        self._restarted_from: Optional[Path] = None  # the checkpoint file load_checkpoint(fresh_optimizer=True) read
         return resume_from
 
     def _packed(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> dict[str, np.ndarray]:
@@ -672,7 +673,7 @@ class Trainer:
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
-            checkpoint_folder.check_owner(checkpoint, self._expected)
+            checkpoint_folder.check_owner(checkpoint, self._expected, self._restarted_from)
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
@@ -1048,7 +1049,7 @@ class Trainer:
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
-        target, beside = checkpoint_folder.check_owner(path, self._expected)
+        target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from)
         self._tally_skips()
         with checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
             meta = ckpt.CheckpointMeta(
@@ -1060,12 +1061,20 @@ class Trainer:
                 optimizer=self.manifest.optimizer, graphs=graphs)
             return ckpt.save(target, self.state_dict(), meta)
 
-    def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False) -> None:
+    def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False,
+                        fresh_optimizer: bool = False) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A
         checkpoint trained with another optimizer kind or constants (weight decay, betas, ...) is
         a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set always
-        (``graphc.runtime.resume_rules``)."""
+        (``graphc.runtime.resume_rules``). ``fresh_optimizer``: take only the checkpoint's params
+        and buffers, and start as a new run of these graphs (``_restart``)."""
+        if fresh_optimizer:
+            if changed_optimizer:
+                raise ValueError("changed_optimizer carries the checkpoint's optimizer state over, fresh_optimizer "
+                                 "starts it afresh: pass one of them")
+            return self._restart(path)
         tensors, meta = ckpt.load(path)
+        self._restarted_from = None
         resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
@@ -1089,6 +1098,23 @@ class Trainer:
         for key, rng in self._graph_rngs().items():
             if key in meta.graph_rng:
                 rng.bit_generator.state = meta.graph_rng[key]
+
+    def _restart(self, path: Union[str, os.PathLike]) -> None:
+        """``load_checkpoint(path, fresh_optimizer=True)``: the checkpoint's params and buffers
+        (``graphc.runtime.params_only``), the rest as the graphs' initial state, the step, epoch,
+        loader position, epoch sums and lr schedule those of a new run (the RNGs as they are, as
+        torch's ``load_state_dict`` leaves them). ``save_checkpoint`` may then replace the
+        checkpoint at ``path``, whose state belongs to other graphs."""
+        tensors, meta = ckpt.load(path)
+        start = params_only.restart(path, tensors, meta, self.manifest, self.artifacts.state)
+        if self.artifacts_path is not None:
+            self.artifacts.release()
+        self._reset_state(start, consume=True)
+        self.step_count = self.epoch = self.batch_in_epoch = 0
+        self._progress, self._loader_state = ckpt.EpochProgress(), None
+        self.lr_group.clear()
+        self._pending_schedule = None
+        self._restarted_from = ckpt.resolve(path).resolve()
 
     def _load_schedule(self, text: str) -> None:
         """Restore the lr group and scheduler state a checkpoint saved: into ``self.scheduler`` if

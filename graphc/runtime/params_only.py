@@ -1,0 +1,109 @@
+"""Resuming a checkpoint's params with a fresh optimizer (``Trainer.load_checkpoint(path,
+fresh_optimizer=True)``, ``graphc train --resume --fresh-optimizer``): torch's
+``model.load_state_dict(checkpoint["model"])`` followed by a new optimizer.
+
+The model's tensors come from the checkpoint: its params and buffers (BatchNorm's running
+statistics and ``num_batches_tracked``). The rest of what train_step carries starts as the
+training graphs' initial state, as a new optimizer's: step 0, zero moments and momentum buffers,
+the graphs' lr, momentum and loss scale. Any optimizer kind or constants may differ.
+
+The trainable set may grow: a param frozen in the checkpoint's run is a constant of its graphs,
+not in the checkpoint, and takes the value those graphs hold (beside the checkpoint, or where its
+header records them, if their digest is the one it records; else these graphs' value, warned
+of). It may not shrink: a param trained in the checkpoint's run that these graphs freeze is
+refused, as they hold its initial value as a constant and its trained value would be lost
+(``graphc export`` folds the checkpoint's params into a model to generate graphs from).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.passes.training.artifacts import STEP
+from graphc.passes.training.loss_scaling import state_names
+from graphc.passes.training.scheduled import running_state
+from graphc.runtime.checkpoint import CheckpointError, CheckpointMeta, mismatch
+from graphc.runtime.feeds import dtype_name
+
+__all__ = ["buffers", "restart"]
+
+
+def buffers(manifest: Any) -> list[str]:
+    """The model's buffers among what ``manifest``'s train_step carries: state that is not the
+    optimizer's (a trainable param's ``<param>.<slot>``, the step, scheduled momentum's running
+    state) nor loss scaling's."""
+    own = {STEP, *running_state(manifest.optimizer), *state_names(manifest.loss_scale)}
+    slots = tuple(f"{p}." for p in manifest.trainable)
+    return [n for n, e in manifest.carried().items() if e.role == "state" and n not in own and not n.startswith(slots)]
+
+
+def restart(path: Any, tensors: Mapping[str, np.ndarray], meta: CheckpointMeta, manifest: Any,
+            initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The carried tensors (named per param) a params-only resume from the checkpoint at ``path``
+    (``tensors``, header ``meta``) starts the graphs of ``manifest`` from: ``initial`` (their
+    initial state) with the model's params and buffers from the checkpoint. ``CheckpointError``
+    for another model's checkpoint, a param these graphs freeze that it trained, or a tensor of
+    another dtype or shape, naming it."""
+    model = set(manifest.trainable) | set(manifest.frozen)
+    saved = {n for n, r in meta.roles.items() if r == "param"} if meta.roles else set(tensors) & model
+    other = sorted(saved - model)
+    if other:
+        raise CheckpointError(f"{path}: the checkpoint has param(s) {', '.join(other)}, which this model lacks; it "
+                              "was saved from another model's training graphs")
+    now_frozen = sorted(saved & set(manifest.frozen))
+    if now_frozen:
+        raise CheckpointError(f"{path}: the checkpoint's run trained {', '.join(now_frozen)}, which these training "
+                              "graphs freeze: they hold its initial value as a constant, so its trained value would "
+                              "be lost. Fold the checkpoint's params into a model (graphc export CHECKPOINT -o "
+                              "model.onnx) and generate the training graphs from it with that frozen set")
+    wanted = [*manifest.trainable, *buffers(manifest)]
+    expected = manifest.carried()
+    picked = {n: np.asarray(tensors[n]) for n in wanted if n in tensors}
+    problem = mismatch({n: expected[n] for n in picked},
+                       {n: (dtype_name(a.dtype), list(a.shape)) for n, a in picked.items()})
+    if problem is not None:
+        raise CheckpointError(f"{path}: the checkpoint {problem}; it was saved from another model's training graphs")
+    missing = [n for n in wanted if n not in picked]
+    if missing:
+        picked.update(_constants_of(path, meta, missing, expected))
+    return {**initial, **picked}
+
+
+def _constants_of(path: Any, meta: CheckpointMeta, names: list[str], expected: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The values of ``names`` (frozen in the checkpoint's run, so not in it) in the checkpoint's
+    training graphs, where they are found; a warning names those that are not, which keep these
+    graphs' initial values."""
+    found = {}
+    graphs = _checkpoint_graphs(path, meta)
+    if graphs is not None:
+        initializers = graphs.inference.ir.graph.initializers
+        for name in names:
+            value = initializers.get(name)
+            if value is not None and value.const_value is not None:
+                found[name] = value.const_value.numpy()
+    problem = mismatch({n: expected[n] for n in found}, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in found.items()})
+    if problem is not None:
+        raise CheckpointError(f"{path}: the checkpoint's training graphs hold {problem.removeprefix('holds ')}")
+    left = [n for n in names if n not in found]
+    if left:
+        warnings.warn(f"{path}: the checkpoint holds no {', '.join(left)} (frozen in its run) and its training graphs "
+                      "are not beside it nor where its header says: they start from these graphs' values, the "
+                      "same where both were generated from one model", stacklevel=4)
+    return found
+
+
+def _checkpoint_graphs(path: Any, meta: CheckpointMeta) -> Optional[Any]:
+    """The training graphs of the checkpoint at ``path``: beside it or where its header says, if
+    their manifest's digest is the one it records."""
+    from graphc.compile import training
+    from graphc.runtime.checkpoint_folder import find_artifacts
+
+    folder: Optional[Path] = find_artifacts(path)
+    if folder is None or not meta.graphs or training.read_manifest(folder).digest() != meta.graphs:
+        return None
+    return training.load(folder)
