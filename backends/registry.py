@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from graphc.backends.base import Backend, BackendInfo
-from graphc.errors import BackendUnavailable
+from graphc.errors import BackendUnavailable, did_you_mean
 
 # name -> "module:Class". Order is the preference order of "auto" (best first).
 BACKENDS: dict[str, str] = {
@@ -45,7 +45,8 @@ def get_backend(name: str = "auto") -> Backend:
         reasons = "; ".join(f"{i.name}: {i.reason}" for i in infos)
         raise BackendUnavailable(f"no backend is available ({reasons})")
     if name not in BACKENDS:
-        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(['auto', *BACKENDS])}")
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(['auto', *BACKENDS])}"
+                                 f"{did_you_mean(name, ['auto', *BACKENDS])}")
     info = _info(name)
     if not info.available:
         raise BackendUnavailable(f"backend {name!r} is not available here: {info.reason}")

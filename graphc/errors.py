@@ -94,3 +94,29 @@ class DataParallelWarning(UserWarning):
 class UncalibratedWarning(UserWarning):
     """A fake quantization will quantize with its initial scale 1.0 and zero point 0: a ``gc.nn.FakeQuantize``
     captured in eval mode before its observer saw any data, so no graph of the capture ever runs it."""
+
+
+
+def did_you_mean(given: object, choices) -> str:
+    """`` (did you mean 'numpy'?)`` where ``given`` is a near miss of one of ``choices``: at most one
+    edit away (a letter missing, extra, wrong or two swapped), two for names over 4 letters, case
+    aside (``nump``, ``NumPy``, ``adma``); else ``""``. The end of an "unknown NAME" message."""
+    if not isinstance(given, str) or not given:
+        return ""
+    limit = 1 if len(given) <= 4 else 2
+    # the fewest edits case aside, then the fewest with case: 'Nett' is 'Net', not 'net'
+    scored = sorted((_edits(given.lower(), str(c).lower()), _edits(given, str(c)), str(c)) for c in choices)
+    return f" (did you mean {scored[0][2]!r}?)" if scored and scored[0][0] <= limit else ""
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) turning ``a`` into ``b``."""
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            row.append(min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb)))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]

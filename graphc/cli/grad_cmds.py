@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
 from graphc.compile.losses import KINDS as LOSS_KINDS
+from graphc.errors import did_you_mean
 
 
 def _optimizer_specs() -> dict:
@@ -40,7 +41,8 @@ def parse_loss(text: str, class_weights: Optional[str] = None):
         raise ValueError(f"bad --loss {text!r}; expected KIND:OUTPUT[:LABEL], e.g. cross_entropy:logits:y")
     kind, output = parts[0], parts[1]
     if kind not in losses.KINDS:
-        raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(losses.KINDS)}")
+        raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(losses.KINDS)}"
+                         f"{did_you_mean(kind, losses.KINDS)}")
     label = parts[2] if len(parts) == 3 else None
     if class_weights is None:
         return getattr(losses, kind)(output, label=label)
@@ -69,7 +71,7 @@ def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[flo
     CLI's defaults are the API's)."""
     specs = _optimizer_specs()
     if kind not in specs:
-        raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}")
+        raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}{did_you_mean(kind, specs)}")
     given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, **options}.items()
              if v is not None}
     for key in given:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
-from graphc.errors import GraphcError, InputError
+from graphc.errors import GraphcError, InputError, did_you_mean
 from graphc.model import EMITTED_OPSETS
 
 
@@ -44,9 +44,14 @@ def load_object(target: str) -> Any:
     obj: Any = module
     for part in obj_name.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{file} has no object {obj_name!r}")
+            raise ValueError(f"{file} has no object {obj_name!r}{did_you_mean(part, _public_names(obj))}")
         obj = getattr(obj, part)
     return obj
+
+
+def _public_names(obj: Any) -> list[str]:
+    """The names a user could mean in ``FILE.py:OBJECT`` (not ``_private`` ones)."""
+    return [n for n in dir(obj) if not n.startswith("_")]
 
 
 def resolve_capturable(obj: Any, name: str) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from graphc.errors import did_you_mean
+
 SCHEDULES = ("none", "step", "exponential", "cosine", "onecycle", "cyclic", "plateau")
 PER_STEP = ("onecycle", "cyclic")  # stepped after each train step, always
 # the schedules that span the run (its --epochs), and what training past their end would do
@@ -22,7 +24,8 @@ def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch:
     length of the run in that interval's units (``total``), fixed here so a resume with more
     ``--epochs`` does not stretch it."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"--schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        raise ValueError(f"--schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}"
+                         f"{did_you_mean(schedule, SCHEDULES)}")
     if schedule == "none":
         given = [o for o, v in (("--step-size", step_size), ("--gamma", gamma), ("--min-lr", min_lr),
                                 ("--warmup", warmup or None), ("--schedule-interval", interval)) if v is not None]

@@ -9,7 +9,7 @@ import onnx
 import onnx.inliner
 import onnx_ir as ir
 
-from graphc.errors import GraphError, PassError
+from graphc.errors import GraphError, PassError, did_you_mean
 from graphc.model import load
 from graphc.passes.autodiff.model import infer_shapes
 from graphc.passes.precision import DEFAULT_BLOCKED, TARGETS, FloatReport, convert_in_place
@@ -46,7 +46,7 @@ def convert_float(model, dtype: str = "float16", keep_io_types: bool = False,
             ``onnx.checker`` (full check) or an If/Loop/Scan node was blocked as a whole.
     """
     if dtype not in TARGETS:
-        raise GraphError(f"convert_float: dtype must be one of {sorted(TARGETS)}, got {dtype!r}")
+        raise GraphError(f"convert_float: dtype must be one of {sorted(TARGETS)}, got {dtype!r}{did_you_mean(dtype, TARGETS)}")
     if not isinstance(keep_io_types, bool):
         raise GraphError(f"convert_float: keep_io_types must be True or False, got {keep_io_types!r}")
     ops = None if op_block_list is None else _names(op_block_list, "op_block_list")

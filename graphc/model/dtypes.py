@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from graphc.errors import did_you_mean
+
 # name -> (numpy dtype, onnx TensorProto elem type). bfloat16 has no numpy dtype; ml_dtypes
 # (an onnx dependency) provides one.
 try:
@@ -81,7 +83,8 @@ def as_dtype(dtype: DTypeLike) -> DType:
         name = _ALIASES.get(dtype, dtype)
         if name in _TABLE:
             return DType(name)
-        raise TypeError(f"unknown dtype {given!r}; expected {_ACCEPTED}: one of {sorted(_TABLE)}")
+        raise TypeError(f"unknown dtype {given!r}{did_you_mean(given, [*_TABLE, *_ALIASES])}; expected {_ACCEPTED}: "
+                        f"one of {sorted(_TABLE)}")
     try:
         npd = np.dtype(dtype)
     except TypeError as exc:

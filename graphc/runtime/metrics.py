@@ -24,6 +24,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from graphc.errors import did_you_mean
+
 __all__ = ["Metric", "accuracy", "check_fits", "compute", "default_names", "defaults", "get", "mae", "mse", "names",
            "prepare", "register", "resolve", "splits", "sums", "top_k_accuracy"]
 
@@ -50,7 +52,7 @@ def names() -> list[str]:
 def get(name: str) -> Metric:
     """The metric registered as ``name``; ``ValueError`` naming the registered ones otherwise."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown metric {name!r}; registered: {', '.join(_REGISTRY)} "
+        raise ValueError(f"unknown metric {name!r}{did_you_mean(name, _REGISTRY)}; registered: {', '.join(_REGISTRY)} "
                          "(add one with gc.metrics.register(name, fn))")
     return _REGISTRY[name]
 
