@@ -51,3 +51,18 @@ def test_did_you_mean_suggests_only_near_misses():
     assert did_you_mean("foo", choices) == did_you_mean("tensorflow", choices) == did_you_mean(3, choices) == ""
     assert did_you_mean("Nett", ["net", "Net"]) == " (did you mean 'Net'?)"  # the same case first
     assert did_you_mean("adma", ["adam", "adamax"]) == " (did you mean 'adam'?)"  # not difflib's 'adamax'
+
+
+@pytest.mark.parametrize("args, said", [
+    (["optimize", "{ws}/mlp.onnx", "-o", "{ws}/o.onnx", "-O", "5"], "Input should be less than or equal to 3 (got '5')"),
+    (["train", "{ws}/arts", "--data", "{ws}/data.npz", "--epochs", "0", "--batch-size", "8"],
+     "Invalid value for '--epochs': Input should be greater than or equal to 1 (got '0')"),
+    (["parity", "{ws}/mlp.onnx", "--rtol", "1e-3x"], "unable to parse string as a number (got '1e-3x')"),
+    (["serve", "{ws}/mlp.onnx", "--port", "70000"], "less than or equal to 65535 (got '70000')"),
+])
+def test_an_option_value_refused_by_its_type_is_named(ws, capsys, args, said):
+    """typer 0.29 checks option values with pydantic, whose message leaves out the value (`Invalid
+    value for '--epochs': Input should be greater than or equal to 1`); the error names it."""
+    result = run_cli(capsys, *[a.format(ws=ws) for a in args])
+    assert result.code == 2 and said in result.err and "Traceback" not in result.err, result.err
+    assert not (ws / "o.onnx").exists()

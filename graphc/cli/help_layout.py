@@ -28,6 +28,19 @@ class PlainHelpCommand(TyperCommand):
             if param.param_type_name == "option" and param.metavar is None and not (param.is_flag or param.count):
                 param.metavar = METAVARS.get(param.bare_type(), "VALUE")
 
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """Click's parsing; a value typer's pydantic check refused is named in the error (``Invalid
+        value for '--epochs': Input should be greater than or equal to 1 (got '0')``), which
+        typer's message leaves out."""
+        from pydantic import ValidationError
+
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as exc:
+            if isinstance(exc.__cause__, ValidationError) and exc.__cause__.errors():
+                exc.message = f"{exc.message} (got {exc.__cause__.errors()[0]['input']!r})"
+            raise
+
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         arguments = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
         words = [argument_word(p) if p.required else f"[{argument_word(p)}]" for p in arguments]
