@@ -66,3 +66,23 @@ def test_an_option_value_refused_by_its_type_is_named(ws, capsys, args, said):
     result = run_cli(capsys, *[a.format(ws=ws) for a in args])
     assert result.code == 2 and said in result.err and "Traceback" not in result.err, result.err
     assert not (ws / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--checkpoint", "ck"]])
+def test_train_given_an_onnx_model_says_to_generate_artifacts(ws, capsys, extra):
+    """Before, `graphc train mlp.onnx` read the model as a checkpoint: "not a readable graphc
+    checkpoint (not a safetensors file, ...)"."""
+    err = one_line_error(run_cli(capsys, "train", ws / "mlp.onnx", "--data", ws / "data.npz", "--epochs", "1",
+                                 "--batch-size", "8", *extra))
+    assert f"InputError: {ws / 'mlp.onnx'} is an ONNX model, not training artifacts or a checkpoint" in err, err
+    assert f"graphc grad {ws / 'mlp.onnx'} --loss KIND:OUTPUT -o DIR" in err, err
+    assert "checkpoint (not a safetensors" not in err and not (ws / "ck").exists()
+    with pytest.raises(gc.InputError, match="is an ONNX model"):
+        gc.Trainer(ws / "mlp.onnx", backend="numpy")
+
+
+def test_train_of_a_missing_path_says_nothing_is_there(ws, capsys):
+    """Before: "no training artifacts here (no manifest.json)", as for a folder holding other files."""
+    err = one_line_error(run_cli(capsys, "train", ws / "nothing", "--data", ws / "data.npz", "--epochs", "1",
+                                 "--batch-size", "8"))
+    assert f"FileNotFoundError: {ws / 'nothing'}: no such artifact directory or checkpoint" in err, err

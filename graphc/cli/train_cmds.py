@@ -249,6 +249,7 @@ def train_cmd(
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
     from graphc.runtime.checkpoint import resolve
+    from graphc.runtime.checkpoint_folder import check_training_source
     from graphc.runtime.history import check_plot, log_format
     from graphc.runtime.progress import plural
     from graphc.runtime.trainer import TrainingFailed, TrainingInterrupted
@@ -272,6 +273,7 @@ def train_cmd(
         check_plot(plot)
     if log is not None:
         log_format(log)
+    check_training_source(artifacts)
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,

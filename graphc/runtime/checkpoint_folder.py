@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from graphc.errors import InputError
 from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
 from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, PathLike,
                                        check_writable, mismatch, own_entry, read_meta, read_meta_and_table, resolve)
@@ -26,7 +27,7 @@ from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_N
 if TYPE_CHECKING:
     from graphc.compile.training import Manifest
 
-__all__ = ["artifacts_dir", "check_owner", "find_artifacts", "graphs_beside", "trained_from"]
+__all__ = ["artifacts_dir", "check_owner", "check_training_source", "find_artifacts", "graphs_beside", "trained_from"]
 
 
 def artifacts_dir(path: PathLike) -> Optional[Path]:
@@ -149,6 +150,18 @@ def check_owner(path: PathLike, expected: Mapping[str, Any],
             raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
                                   "refusing to overwrite it, choose another checkpoint path")
     return target, manifest
+
+
+def check_training_source(path: Path) -> None:
+    """Refuse, as what to train, a path that is neither artifacts nor a checkpoint, saying so up
+    front: nothing there, or an ONNX model (read as a checkpoint, it failed as "not a readable
+    graphc checkpoint")."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such artifact directory or checkpoint")
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        raise InputError(f"{path} is an ONNX model, not training artifacts or a checkpoint: generate its training "
+                         "graphs first (gc.training.generate(model, loss, optimizer).save(DIR), or graphc grad "
+                         f"{path} --loss KIND:OUTPUT -o DIR) and train DIR")
 
 
 def find_artifacts(path: PathLike) -> Optional[Path]:

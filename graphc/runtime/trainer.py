@@ -276,6 +276,7 @@ class Trainer:
         self.artifacts_path: Optional[Path] = None
         if isinstance(artifacts_or_dir, (str, os.PathLike)):
             path = Path(artifacts_or_dir)
+            checkpoint_folder.check_training_source(path)
             if not (path / training.MANIFEST_FILE).is_file() and ckpt.resolve(path).is_file():
                 resume_from, path = path, checkpoint_folder.find_artifacts(path) or path
                 if path == resume_from:
