@@ -213,6 +213,19 @@ def test_module_matches_torch_with_its_state_dict_keys(factory, ctor, make, keys
     np.testing.assert_allclose(run_both(model, dict(zip(names, xs)))["output"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_multilabel_soft_margin_averages_over_a_symbolic_class_dim():
+    """The mean over the last (class) dim reads that dim's size at run time when it is symbolic (dim -1 was read
+    as an empty shape slice: [N] / [0] failed), as torch's at C = 3 and 6."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(lambda x, y: F.multilabel_soft_margin_loss(x, y, reduction="none"),
+                       x=gc.spec("float64", ("N", "C")), y=gc.spec("float64", ("N", "C")))
+    for c in (3, 6):
+        x, y = R.standard_normal((4, c)), R.integers(0, 2, (4, c)).astype(np.float64)
+        want = torch.nn.functional.multilabel_soft_margin_loss(torch.from_numpy(x), torch.from_numpy(y),
+                                                               reduction="none").numpy()
+        np.testing.assert_allclose(run_both(model, {"x": x, "y": y})["output"], want, rtol=1e-12, err_msg=f"C={c}")
+
+
 def test_bad_arguments_are_refused_by_name():
     x, y = R.standard_normal((4, 3)), _signs(4)
     labels = R.integers(0, 3, 4)

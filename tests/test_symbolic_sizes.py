@@ -223,6 +223,24 @@ def test_factories_take_dim_names_and_sizes_from_them():
     assert shapes["mask"] == ("T", "T") and shapes["ones"] == (None,)
 
 
+def test_a_run_time_dim_read_is_one_shape_node_everywhere():
+    """A dim name read for a factory's size (``gc.zeros(T, 3)``), as a 0-d int (``T - 1``) and as a slice bound
+    emits one form, ``Shape(x, start=1, end=2)`` (squeezed where 0-d): no Slice or Gather of a whole Shape."""
+    def fn(x):
+        B, T = x.shape  # noqa: N806
+        return {"zeros": gc.zeros(T, 3), "sub": T - 1, "head": x[:, :T - 1]}
+
+    def feeds_at(t):
+        x = RNG.standard_normal((2, t))
+        return {"x": x}, {"zeros": np.zeros((t, 3), np.float32), "sub": np.int64(t - 1), "head": x[:, :t - 1]}
+
+    nodes = _run(fn, {"x": gc.spec("float64", ("B", "T"))}, feeds_at).proto.graph.node
+    shapes = [n for n in nodes if n.op_type == "Shape"]
+    assert len(shapes) >= 2 and all({a.name: a.i for a in n.attribute} == {"start": 1, "end": 2} for n in shapes)
+    read = {o for n in shapes for o in n.output}
+    assert not [n.op_type for n in nodes if n.op_type in ("Slice", "Gather") and n.input[0] in read]
+
+
 def test_view_and_reshape_take_dim_names_and_products():
     def fn(x, y):
         B, T, C = x.shape  # noqa: N806

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import called_from_graphc, current, user_source
-from graphc.dsl.ops import checked_int, concat, const_i64, emit, lift, reshape
+from graphc.dsl.ops import checked_int, concat, const_i64, dim_read, lift, reshape
 from graphc.dsl.tensor import DimName, Tensor
 from graphc.errors import CaptureError
 
@@ -21,8 +21,7 @@ __all__ = ["DIM_NAME_OPERATORS", "dim_length", "sized"]
 def dim_length(x: Tensor, dim: int) -> Tensor:
     """Dim ``dim`` (non-negative) of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
     size = x.shape[dim]
-    return const_i64([size]) if isinstance(size, int) else \
-        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
+    return const_i64([size]) if isinstance(size, int) else dim_read(x, dim)
 
 
 def sized(size: Sequence[Any], fn: str) -> tuple[list, Tensor | None]:

@@ -390,8 +390,8 @@ def gaussian_nll(x: Tensor, target: Tensor, var, full: bool = False, eps: float 
 
 
 def dim_size(x: Tensor, axis: int, dtype=None):
-    """Dim ``axis`` of ``x``: a float (a constant of ``dtype``, if given) where static, else read
-    from the shape and cast to ``x``'s dtype (or ``dtype``)."""
+    """Dim ``axis`` of ``x`` (negative counts from the end): a float (a constant of ``dtype``, if given) where
+    static, else read from the shape (``ops.dim_read``) and cast to ``x``'s dtype (or ``dtype``)."""
     if isinstance(x.shape[axis], int):
         return float(x.shape[axis]) if dtype is None else ops.lift(np.asarray(x.shape[axis], dtype=dtype))
-    return ops.cast(ops.emit("Shape", [x], {"start": axis, "end": axis + 1}), dtype or x.dtype)
+    return ops.cast(ops.dim_read(x, axis % x.ndim), dtype or x.dtype)

@@ -62,9 +62,15 @@ def _dim_size(name: str, like: Tensor | None) -> Tensor:
     return size if like is None or like.dtype == "int64" else cast(size, like.dtype)
 
 
+def dim_read(x: Tensor, axis: int) -> Tensor:
+    """Dim ``axis`` (non-negative) of ``x`` as an int64 ``[1]`` read at run time: ``Shape(x, start=axis,
+    end=axis + 1)``, the one form every run-time dim read emits."""
+    return emit("Shape", [x], {"start": axis, "end": axis + 1})
+
+
 def dim_of(x: Tensor, axis: int) -> Tensor:
-    """Dim ``axis`` (non-negative) of ``x`` as a 0-d int64 read at run time."""
-    return squeeze(emit("Shape", [x], {"start": axis, "end": axis + 1}), [0])
+    """Dim ``axis`` (non-negative) of ``x`` as a 0-d int64 read at run time (``dim_read`` squeezed)."""
+    return squeeze(dim_read(x, axis), [0])
 
 
 def checked_int(value: Any, what: str, op: str, counts: bool = False) -> int | str | Tensor:

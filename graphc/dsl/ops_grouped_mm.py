@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_array import dim_positions
 from graphc.dsl.ops_math import logical_and
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -19,9 +19,7 @@ FN = "grouped_mm"
 def _membership(x: Tensor, axis: int, offs: Tensor) -> Tensor:
     """``[G, n]`` bool: position ``i`` of ``x``'s ``axis`` is in group ``g`` (``offs[g-1] <= i < offs[g]``);
     positions from ``offs[-1]`` on are in none."""
-    size = ops.emit("Gather", [ops.emit("Shape", [x]), ops.const_i64([axis])])
-    pos = ops.emit("Range", [ops.constant(np.asarray(0, np.int64)), ops.squeeze(size, [0]),
-                             ops.constant(np.asarray(1, np.int64))])
+    pos = dim_positions(x, axis)
     ends = ops.unsqueeze(ops.cast(offs, "int64"), [1])  # [G, 1]
     starts = ops.concat([ops.const_i64([[0]]), ends[:-1]], 0)
     pos = ops.unsqueeze(pos, [0])

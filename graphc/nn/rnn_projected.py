@@ -57,7 +57,7 @@ def _state(given: Tensor | None, d: int, width: int, x: Tensor) -> Tensor:
 def _zeros(x: Tensor, width: int) -> Tensor:
     """Zeros ``[N, width]`` of ``x``'s dtype, ``N`` being ``x``'s dim 1 at run time."""
     return ops.emit("Expand", [ops.lift(np.zeros((1, width)), x), ops.concat(
-        [ops.emit("Shape", [x], {"start": 1, "end": 2}), ops.const_i64([width])], 0)],
+        [ops.dim_read(x, 1), ops.const_i64([width])], 0)],
         out_types=[(x.dtype, [x.shape[1] if x.shape else None, width])])
 
 
