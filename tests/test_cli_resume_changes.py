@@ -162,3 +162,23 @@ def test_fresh_optimizer_takes_the_params_into_a_new_run_as_python_and_replaces_
     assert cli.manifest.optimizer == python.manifest.optimizer and cli.step_count == python.step_count == 8
     for name, value in python.state_dict().items():
         assert cli.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_the_checkpoint_check_reads_its_header_once(tmp_path, capsys, monkeypatch, resume):
+    """``check_checkpoint`` read the header of the checkpoint it checks up to 5 times (the resume check's meta
+    twice and its tensor table, the writable check, the owner check); each now takes the one read."""
+    from graphc.cli.train_cmds import check_checkpoint
+    from graphc.runtime import checkpoint
+
+    root = workspace(tmp_path)
+    assert train(capsys, root, root / "arts", 1).code == 0
+    reads = []
+    read = checkpoint._read_header
+    monkeypatch.setattr(checkpoint, "_read_header", lambda target: reads.append(target) or read(target))
+    if resume:
+        check_checkpoint(root / "ck", True, root / "arts")
+    else:
+        with pytest.raises(checkpoint.CheckpointError, match=r"already holds a checkpoint \(step 4, epoch 1\)"):
+            check_checkpoint(root / "ck", False, root / "arts")
+    assert reads == [resolve(root / "ck")]

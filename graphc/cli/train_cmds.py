@@ -105,16 +105,16 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
     the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``; with
     ``fresh_optimizer`` its params are taken, ``params_only``, and the run replaces it), without
     it none is there to be overwritten by a fresh run."""
-    from graphc.runtime.checkpoint import CheckpointError, check_writable, read_meta, read_tensor_table, resolve
+    from graphc.runtime.checkpoint import CheckpointError, read_meta_and_table, resolve, writable_header
     from graphc.runtime.checkpoint_folder import check_owner, find_artifacts
     from graphc.compile.training import MANIFEST_FILE, read_manifest
 
-    target = resolve(path)
+    target, header = resolve(path), None  # the checkpoint's header (read_meta_and_table), read once
     if resume:
         if not target.exists():
             raise CheckpointError(f"--resume: no checkpoint at {target} to resume from; leave out --resume to "
                                   "start a new run there")
-        read_meta(target)  # a directory or a bad header is named here, not after the model is loaded
+        header = read_meta_and_table(target)  # a directory or a bad header is named here, not after the model is loaded
     # the training graphs: ARTIFACTS, or those beside (or recorded by) a checkpoint given as ARTIFACTS
     source = artifacts if (artifacts / MANIFEST_FILE).is_file() else None
     if source is None and resolve(artifacts).is_file():
@@ -124,12 +124,12 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
         if fresh_optimizer:  # its params, checked as the load will; the run replaces the rest
             _check_params(path, target, manifest)
         elif resume:  # what differs as a change of settings, before check_owner takes it for another model's
-            _check_resume(path, read_meta(target), read_tensor_table(target), manifest, changed_optimizer)
-        check_owner(path, manifest.carried(), target.resolve() if fresh_optimizer else None)
-    else:
-        check_writable(path)
-    if not resume and target.is_file():
-        meta = read_meta(target)
+            _check_resume(path, *header, manifest, changed_optimizer)
+    header = writable_header(path, header)[1]  # only a graphc checkpoint is there to be replaced
+    if source is not None:  # another model's checkpoint is named here
+        check_owner(path, manifest.carried(), target.resolve() if fresh_optimizer else None, header)
+    if not resume and header is not None:
+        meta = header[0]
         raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
                               f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
 

@@ -38,7 +38,7 @@ from graphc.tensorfile import DTYPES, read_header, read_tensors
 
 __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
            "LoaderState", "batch_weighted", "check_writable", "hypers_as_declared", "load", "mismatch", "own_entry",
-           "read_meta", "read_meta_and_table", "read_tensor_table", "resolve", "save"]
+           "read_meta", "read_meta_and_table", "read_tensor_table", "resolve", "save", "writable_header"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -169,6 +169,10 @@ class CheckpointMeta(BaseModel):
         return self
 
 
+# a checkpoint's header as read: its CheckpointMeta and name -> (dtype name, shape) of every tensor
+Header = tuple[CheckpointMeta, dict[str, tuple[str, list[int]]]]
+
+
 def resolve(path: PathLike) -> Path:
     """The checkpoint file for ``path`` (a ``.safetensors`` file or a checkpoint directory)."""
     path = Path(path)
@@ -225,21 +229,27 @@ def check_writable(path: PathLike) -> Path:
     directory, another kind of file), so nothing that is not a checkpoint is overwritten, and for
     a file in a folder of training artifacts: ``gc.Trainer(folder)`` reads the artifacts there and
     would start from them, not resume (and a checkpoint folder's ``artifacts/`` would nest in it)."""
+    return writable_header(path)[0]
+
+
+def writable_header(path: PathLike, header: Optional[Header] = None) -> tuple[Path, Optional[Header]]:
+    """``check_writable``'s file for ``path`` and the ``read_meta_and_table`` of the checkpoint there (None
+    where there is none), its header read once; ``header``, where the caller has read it, is not read again."""
     target = resolve(path)
     if (target.parent / ARTIFACTS_MANIFEST).is_file():
         raise CheckpointError(f"{path}: a checkpoint is not written into a folder of training artifacts "
                               f"({target.parent} holds {ARTIFACTS_MANIFEST}), where gc.Trainer(folder) would start "
                               f"from the artifacts and not resume; choose another folder, such as "
                               f"{target.parent / 'checkpoint'}")
-    if target.exists() or target.is_symlink():
+    if header is None and (target.exists() or target.is_symlink()):
         _existing_file(target, path)
         try:
-            read_meta(target)
+            header = read_meta_and_table(target)
         except CheckpointError as exc:
             reason = str(exc).removeprefix(f"{target}: ")
             raise CheckpointError(f"{target} exists and is not a graphc checkpoint ({reason}); refusing to "
                                   "overwrite it with one") from None
-    return target
+    return target, header
 
 
 def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
@@ -282,7 +292,7 @@ def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
     return _tensor_table(_read_header(_existing_file(resolve(path), path))[1])
 
 
-def read_meta_and_table(path: PathLike) -> tuple[CheckpointMeta, dict[str, tuple[str, list[int]]]]:
+def read_meta_and_table(path: PathLike) -> Header:
     """``read_meta(path)`` and ``read_tensor_table(path)`` from one read of its header."""
     meta, header, _ = _read_header(_existing_file(resolve(path), path))
     return meta, _tensor_table(header)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from graphc.errors import InputError
 from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
-from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, PathLike,
-                                       check_writable, mismatch, own_entry, read_meta, read_meta_and_table, resolve)
+from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, Header, PathLike,
+                                       mismatch, own_entry, read_meta, resolve, writable_header)
 
 if TYPE_CHECKING:
     from graphc.compile.training import Manifest
@@ -114,24 +114,25 @@ def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest]) -> I
     _put_in_place(staged, final)  # committed: a failure here leaves them for ``_settle``
 
 
-def check_owner(path: PathLike, expected: Mapping[str, Any],
-                replacing: Optional[Path] = None) -> tuple[Path, Optional[Manifest]]:
+def check_owner(path: PathLike, expected: Mapping[str, Any], replacing: Optional[Path] = None,
+                header: Optional[Header] = None) -> tuple[Path, Optional[Manifest]]:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
     ``expected`` (``Manifest.carried()``), naming the first tensor that differs, unless it is the
     checkpoint file ``replacing`` (resolved: the one a params-only resume started from). A checkpoint
     that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
     ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
-    folder would hold a checkpoint they cannot read. Returns the checkpoint file's path and the
-    manifest of the graphs beside it (None where there are none: for ``graphs_beside``)."""
+    folder would hold a checkpoint they cannot read. ``header``: the checkpoint's
+    ``read_meta_and_table`` where the caller has read it. Returns the checkpoint file's path and
+    the manifest of the graphs beside it (None where there are none: for ``graphs_beside``)."""
     from graphc.compile.training import read_manifest
     from graphc.passes.training.adam_moments import sum_name
 
-    target = check_writable(path)
+    target, header = writable_header(path, header)
     found = []
     mine = replacing is not None and target.resolve() == replacing
-    if target.is_file():
-        meta, table = read_meta_and_table(target)
+    if header is not None:
+        meta, table = header
         found.append((target, {sum_name(n, expected): v for n, v in table.items()},
                       {sum_name(n, expected): r for n, r in meta.roles.items()}))
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
