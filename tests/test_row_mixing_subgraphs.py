@@ -7,6 +7,7 @@ a Scan along the batch axis and a carried value whose rows change axis."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import onnx
@@ -236,3 +237,44 @@ def test_torch_dynamo_exported_cond_and_scan(kind, found, tmp_path):
     model = gc.load(path)
     assert ("If" if kind == "cond" else "Scan") in [n.op_type for n in model.graph]
     assert [f.split()[0] for f in _found(_mse(model, "out"))] == found
+
+
+class _Nest(nn.Module):
+    """Three gc.fori_loops nested, each step a gc.cond, each loop carrying h and a chain of three values that
+    take the rows one fixed-point pass at a time (a <- h, b <- a, c <- b); ``mix``: the innermost step
+    subtracts the batch's mean."""
+
+    def __init__(self, mix: bool):
+        super().__init__()
+        self.fc, self.out, self.mix = nn.Linear(6, 6), nn.Linear(6, 3), mix
+
+    def level(self, depth, h, x):
+        def step(i, carry):
+            h, *chain = carry
+            inner = self.level(depth - 1, h, x) if depth > 1 else gc.tanh(self.fc(h) + x)
+            inner = inner - h.mean(0) if self.mix and depth == 1 else inner
+            return (gc.cond(i > 1, lambda: inner, lambda: h * 0.5), h, *chain[:-1])
+        return gc.fori_loop(0, 2, step, (h, *(gc.zeros(1, 6) + self.fc.bias for _ in range(3))))[-1]
+
+    def forward(self, x):
+        return {"out": self.out(self.level(3, x, x))}
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_nested_loops_walk_each_body_once_per_state_of_its_rows(mix, monkeypatch):
+    """Each fixed-point pass over a Loop's carried values walked its body again, and with it every body
+    nested in it: 253 graph walks here, growing as the passes' product over the nesting; a body is now
+    walked once per state of the rows it reads (19), and what is found is the same."""
+    from graphc.passes.training import row_mixing
+
+    graph = _mse(gc.capture(_Nest(mix), seed=0, x=gc.spec("float32", ("N", 6))), "out").eval.ir.graph
+    walks, walk = [], row_mixing._walk
+    monkeypatch.setattr(row_mixing, "_walk", lambda *args: walks.append(args[0]) or walk(*args))
+    found = mixing_nodes(graph, {"x": 0}, "out")
+    assert len(walks) <= 25, len(walks)
+    if not mix:
+        assert found == []
+        return
+    assert [m.node.op_type for m in found] == ["ReduceMean"]
+    assert re.fullmatch(r"it reduces the batch axis 0 \(inside the body of Loop '[^']+'(, inside the body of Loop "
+                        r"'[^']+'){2}\)", found[0].why), found[0].why

@@ -49,18 +49,29 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     target = next((v for v in graph.outputs if v.name == output), None)
     if target is None:
         raise ValueError(f"{output!r} is not an output of the graph; outputs: {[v.name for v in graph.outputs]}")
-    found: dict[ir.Node, Mixing] = {}
+    found = _Found({}, {})
     rows = {v: Rows(batched[v.name]) for v in graph.inputs if v.name in batched}
     token = SHAPES.set(BodyShapes(graph.opset_imports))
     try:
         _walk(graph, rows, [target], (), found)
     finally:
         SHAPES.reset(token)
-    return list(found.values())
+    return list(found.nodes.values())
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What one ``mixing_nodes`` has found: the nodes that mix, and each subgraph pass's outputs' Rows by
+    the subgraph, those outputs and the Rows of the values it reads (its inputs' and the outer ones it
+    captures): a body is walked once per state of its inputs' rows, not on each fixed-point pass of every
+    loop around it (a pass that finds a node that mixes finds it again from the same state)."""
+
+    nodes: dict[ir.Node, Mixing]
+    passes: dict[tuple, list[Rows | None]]
 
 
 def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequence[ir.Value], where: tuple[str, ...],
-          found: dict[ir.Node, Mixing]) -> list[Rows | None]:
+          found: _Found) -> list[Rows | None]:
     """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
     Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
     Rows. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
@@ -78,24 +89,32 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequen
             if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
                 raise Mixes("graphc cannot follow the rows through it" + ("" if reads is None else " (a subgraph)"))
             if reads is not None:
-                outs = SUBGRAPH_RULES[node.op_type](node, ins, wanted, _body(node, rows, where, found))
+                outs = SUBGRAPH_RULES[node.op_type](node, ins, wanted, _body(node, rows, reads, where, found))
             else:
                 outs = RULES[node.op_type](node, ins)
         except Mixes as mixes:
             inside = f" (inside {', inside '.join(where)})" if where else ""
-            found.setdefault(node, Mixing(node, f"{mixes}{inside}"))
+            found.nodes.setdefault(node, Mixing(node, f"{mixes}{inside}"))
             continue
         rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
     return [rows.get(v) for v in outputs]
 
 
-def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], where: tuple[str, ...], found: dict[ir.Node, Mixing]) -> Body:
-    """One pass of a subgraph of ``node``, its inputs bound, on a layer of its own over ``rows``."""
+def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], reads: Sequence[ir.Value], where: tuple[str, ...],
+          found: _Found) -> Body:
+    """One pass of a subgraph of ``node``, its inputs bound, on a layer of its own over ``rows``
+    (``reads``: the values ``node``'s subgraphs read), or the outputs' Rows of an earlier pass from the same
+    rows."""
+    captured = frozenset((v, rows[v]) for v in reads if v in rows)
+
     def body(attribute: str, bound: Mapping[ir.Value, Rows | None], outputs: Sequence[ir.Value]) -> list[Rows | None]:
-        inner = ChainMap({v: r for v, r in bound.items() if r is not None}, rows)
-        here = (f"the {attribute} of {node.op_type} {node.name!r}", *where)
         graph = node.attributes[attribute].value
-        SHAPES.get().add(graph)
-        return _walk(graph, inner, outputs, here, found)
+        state = {v: r for v, r in bound.items() if r is not None}
+        key = (graph, tuple(outputs), frozenset(state.items()), captured)
+        if key not in found.passes:
+            SHAPES.get().add(graph)
+            here = (f"the {attribute} of {node.op_type} {node.name!r}", *where)
+            found.passes[key] = _walk(graph, ChainMap(state, rows), outputs, here, found)
+        return list(found.passes[key])
     return body
 
