@@ -1,7 +1,8 @@
 """``gc.nn.Embedding(max_norm=...)`` looked up inside ``gc.fori_loop``, ``gc.scan`` and ``gc.while_loop``
-bodies, trained by data-parallel workers on a real local Ray cluster, against torch's single-process Python
-loop over the whole batch: each iteration renormalises the rows the whole batch looks up there (the union of
-the shards' rows at that iteration), so 2 workers on uneven shards equal one process to 1e-12 in float64."""
+bodies and ``gc.cond`` branches, trained by data-parallel workers on a real local Ray cluster, against torch's
+single-process Python loop or ``if`` over the whole batch: each iteration, or the branch taken, renormalises the
+rows the whole batch looks up there (the union of the shards' rows), so 2 workers on uneven shards equal one
+process to 1e-12 in float64. A branch picked from the batch cannot be one process's: refused."""
 
 from __future__ import annotations
 
@@ -112,12 +113,77 @@ def test_indices_the_loop_computes_from_the_weight_are_refused():
         gc.Trainer(_artifacts(net, "sgd"), workers=2)
 
 
-def test_a_lookup_inside_a_cond_branch_stays_refused():
-    """The branch a shard takes may differ from the whole batch's: refused, naming gc.cond."""
+GATE = 0.05  # the cond's threshold on fc.bias.sum(): 0.03 at first, so the first steps take the else branch
+
+
+def _cond_forward(net, gate):
+    """A tied output layer over ``emb(i[:, 1])`` where ``gate`` (a param's sum) is over GATE, else
+    ``emb(i[:, 0]) * 0.5``: each branch looks up rows, and the predicate reads no batch row."""
+    def forward(i):
+        return net.fc(gc.cond(gate() > GATE, lambda: net.emb(i[:, 1]), lambda: net.emb(i[:, 0]) * 0.5))
+
+    return forward
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_workers_train_lookups_inside_a_cond_branch_as_torch_on_the_whole_batch(ray_cluster, backend):
+    """A gc.cond on a param (the same on every worker and on the whole batch) whose branches both look up: 2
+    workers on shards of 3 and 2 examples that look up disjoint rows at every step (rows 0-3 and 4-7), so a worker
+    renormalising its own shard's rows only would leave the tied layer reading the other's over max_norm, match
+    torch's ``if`` on the whole batch over 6 AdamW steps that take both branches, to 1e-12 (before, refused)."""
     net = _Net(tied=True)
-    net.forward = lambda i: net.fc(gc.cond(i.sum() > 3, lambda: net.emb(i[:, 1]), lambda: net.emb(i[:, 0]) * 0.0))
-    with pytest.raises(ArtifactsError, match=r"renormalises rows inside a gc.cond branch .*the branch a shard takes "
-                                             r"may differ from the whole batch's.*train with one worker"):
+    net.forward = _cond_forward(net, lambda: net.fc.bias.sum())
+    twin = _Twin(net, 2.0, True)
+    arts = _artifacts(net)
+    rng = np.random.default_rng(0)  # fixed batches: the steps below take both branches
+    batches = [{"i": np.concatenate([rng.integers(0, 4, (3, STEPS)), rng.integers(4, ROWS, (2, STEPS))]),
+                "y": rng.normal(size=(5, ROWS))} for _ in range(6)]
+    torch_opt, want, taken = OPTIMIZERS["adamw"][1](twin.parameters()), [], []
+    for b in batches:
+        i = torch.from_numpy(b["i"])
+        taken.append(twin.fc.bias.sum().item() > GATE)
+        torch_opt.zero_grad()
+        out = twin.fc(twin.emb(i[:, 1]) if taken[-1] else twin.emb(i[:, 0]) * 0.5)
+        loss = torch.nn.functional.mse_loss(out, torch.from_numpy(b["y"]))
+        loss.backward()
+        torch_opt.step()
+        want.append(loss.item())
+    assert 0 < sum(taken) < len(taken), taken
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gc.DataParallelWarning)
+        trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
+    try:
+        np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
+        got = trainer.state_dict()
+        for name in ("emb.weight", "fc.bias"):
+            np.testing.assert_allclose(got[name], twin.state_dict()[name].numpy(), rtol=1e-12, atol=1e-15,
+                                       err_msg=name)
+    finally:
+        trainer.shutdown()
+
+
+@pytest.mark.parametrize("predicate", ["sum", "size"])
+def test_a_lookup_inside_a_cond_branch_picked_from_the_batch_is_refused(predicate):
+    """A predicate read from the batch (its sum, its size) is a shard's on each worker and the whole batch's in
+    one process, which differ in general: refused, naming the param, the batch input and why."""
+    net = _Net(tied=True)
+    net.forward = lambda i: net.fc(gc.cond((i.sum() - 3 if predicate == "sum" else i.shape[0] - 3) > 0,
+                                           lambda: net.emb(i[:, 1]), lambda: net.emb(i[:, 0]) * 0.0))
+    with pytest.raises(ArtifactsError, match=r"the embedding of 'emb.weight' with max_norm at .* renormalises rows in "
+                                             r"a gc.cond branch .*whose predicate reads the batch \(\['i'\]\): each "
+                                             r"worker computes the predicate from its own shard, one process from the "
+                                             r"whole batch.*train with one worker"):
+        gc.Trainer(_artifacts(net, "sgd"), workers=2)
+
+
+def test_a_lookup_inside_a_cond_in_a_loop_body_stays_refused():
+    """A cond nested in a gc.fori_loop body: refused, naming the nesting."""
+    net = _Net(tied=True)
+    net.forward = lambda i: net.fc(gc.fori_loop(0, STEPS, lambda k, a: a + gc.cond(
+        net.fc.bias.sum() > 0, lambda: net.emb(i[:, k]), lambda: a * 0.0), net.emb(i[:, 0]) * 0.0))
+    with pytest.raises(ArtifactsError, match=r"renormalises rows inside a body nested in another .*not yet in a "
+                                             r"nested one; train with one worker"):
         gc.Trainer(_artifacts(net, "sgd"), workers=2)
 
 

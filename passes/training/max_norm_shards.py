@@ -8,7 +8,7 @@ workers take the union of every shard's (``numpy.unique``), and ``gradients`` re
 back exactly those rows at each write-back: a tied layer, a later lookup and the update then read the
 weight one process holds, bit for bit, and ``<param>.renormed`` gives the value train_step steps from.
 A write-back inside a Loop's or Scan's body is made per iteration at that iteration's union
-(``max_norm_steps``).
+(``max_norm_steps``); one inside an If's branch, where the branch runs (``max_norm_branches``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 from graphc.passes.emit import Emitter
-from graphc.passes.training import max_norm, max_norm_steps
+from graphc.passes.training import max_norm, max_norm_branches, max_norm_steps
 from graphc.passes.training.graph_outputs import by_name, expose
-from graphc.passes.values import MAX_NORM_KEY, ancestors, onnx_opset
+from graphc.passes.values import MAX_NORM_KEY, ancestors, needed_values, onnx_opset, subgraphs
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from graphc.errors import ArtifactsError
@@ -43,23 +43,28 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     """``model`` (a gradients or eval graph) with each write-back of ``params`` made at the union of the
     shards' rows (the module's docstring); ``renormed``: also output each param's last value as
     ``<param>.renormed``. ``data``: the inputs a shard holds; an ArtifactsError for a write-back whose
-    indices read anything else (a param: the workers cannot agree on the rows before the forward) or
-    that an If branch or a nested body makes."""
+    indices read anything else (a param: the workers cannot agree on the rows before the forward), that a
+    body nested in another makes, or that an If's branch makes where its predicate reads ``data``."""
     model = model.clone()
     graph, opset = model.graph, onnx_opset(model, 0)
     last = max_norm.renormed(graph, opset, params)  # writes back what capture dropped
-    loops = max_norm_steps.in_bodies(graph, lambda n: _written(n, params))
-    _refuse_mapped(graph, params, loops)
+    bodies = max_norm_steps.in_bodies(graph, lambda n: _written(n, params))
+    _refuse_mapped(graph, params, bodies)
+    loops = {n: written for n, written in bodies.items() if n.op_type != "If"}
+    branches = {n: written for n, written in bodies.items() if n.op_type == "If"}
+    for node, written in branches.items():
+        max_norm_branches.refuse_batch_predicate(graph, node, written, data)
     scatters = [n for n in graph if n.op_type == "ScatterND" and _written(n, params)]
     rows = model.clone()
     flat = {n.name: n.inputs[1].name for n in scatters}
     rows.graph.outputs.clear()
     rows.graph.outputs.extend(by_name(rows.graph, name) for name in flat.values())
-    rows.graph.outputs.extend(max_norm_steps.rows_outputs(rows.graph, {n.name: [s.name for s in written]
-                                                                       for n, written in loops.items()}))
+    rows.graph.outputs.extend(max_norm_steps.rows_outputs(rows.graph, _names(loops)))
+    rows.graph.outputs.extend(max_norm_branches.hoist(rows.graph, _names(branches)))
     for out in rows.graph.outputs:  # [indices, 1] int64 (a body's: [steps, indices, 1]): Reshape gives no shape
         out.shape = out.shape or ir.Shape([None, None, 1] if out.name.endswith(max_norm_steps.STEPS) else [None, 1])
-    RemoveUnusedNodesPass()(rows)
+    _prune(rows.graph)
+    RemoveUnusedNodesPass()(rows)  # in the bodies
     _keep_inputs(rows.graph, data)
     e = Emitter(graph, opset, "renorm_union")
     for node in scatters:
@@ -67,6 +72,8 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     for node, written in loops.items():
         for scatter in written:
             max_norm_steps.at_union(graph, e, node, scatter, _made_at)
+    for scatter in (s for written in branches.values() for s in written):
+        _at_union(graph, Emitter(scatter.graph, opset, e.scope, names=e._names), scatter, scatter.inputs[1].name)
     if renormed:
         for param, name in last.items():
             expose(graph, by_name(graph, name), f"{param}{RENORMED}", like=by_name(graph, param))
@@ -75,9 +82,13 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     return ShardedRenorm(rows, model)
 
 
+def _names(bodies: dict[ir.Node, list[ir.Node]]) -> dict[str, list[str]]:
+    return {n.name: [s.name for s in written] for n, written in bodies.items()}
+
+
 def _refuse_mapped(graph: ir.Graph, params: Sequence[str], loops: Collection[ir.Node]) -> None:
     """An ArtifactsError for a main-graph write-back of ``params`` neither a ScatterND's (through Identities)
-    nor the weight a Loop or Scan of ``loops`` carries out: a gc.vmap body's that maps the weight (an ensemble's tables)."""
+    nor the weight an If, Loop or Scan of ``loops`` carries out: a gc.vmap body's that maps the weight (an ensemble's tables)."""
     whole = sorted({max_norm.param_of(n) for n in graph if max_norm.param_of(n) in params
                     and MAX_NORM_KEY in n.metadata_props and _source(n.inputs[0]) not in loops
                     and _source(n.inputs[0]).op_type != "ScatterND"})
@@ -89,13 +100,14 @@ def _refuse_mapped(graph: ir.Graph, params: Sequence[str], loops: Collection[ir.
 
 def _source(value: ir.Value) -> ir.Node | None:
     """The node that makes the weight ``value``: through plain Identities, and through a straight-through
-    sum ``new + (w - detach(w))`` whose ``new`` scatters rows into a 2-D table (an unrolled loop's last
-    weight is one; a gc.vmap body's stack of tables is 3-D)."""
+    sum ``new + (w - detach(w))`` whose ``new`` scatters rows into a 2-D table or is an If's 2-D output (an
+    unrolled loop's last weight is one; a gc.vmap body's stack of tables is 3-D)."""
     node = value.producer()
     while node is not None and node.op_type in ("Identity", "Add") and node.inputs[0].producer() is not None:
         new = node.inputs[0].producer()
         if node.op_type == "Identity" and MAX_NORM_KEY in node.metadata_props:
-            if not (new.op_type == "ScatterND" and new.outputs[0].shape is not None and len(new.outputs[0].shape) == 2):
+            shape = node.inputs[0].shape
+            if new.op_type not in ("ScatterND", "If") or shape is None or len(shape) != 2:
                 break
         elif node.op_type == "Add" and MAX_NORM_KEY not in new.metadata_props:
             break
@@ -109,6 +121,19 @@ def _written(scatter: ir.Node, params: Sequence[str]) -> bool:
     rows = scatter.inputs[2].producer() if len(scatter.inputs) == 3 else None
     source = rows.inputs[0].producer() if rows is not None and rows.op_type == "Reshape" else None
     return any(max_norm.param_of(n) in params for n in [source, *(use for use, _ in scatter.outputs[0].uses())])
+
+
+def _prune(graph: ir.Graph) -> None:
+    """Remove the nodes of ``graph`` its outputs are not computed from, each detached from the values it and its
+    subgraphs read (onnx_ir's RemoveUnusedNodesPass counts a removed If's branch reads as uses, which keep their
+    producers: the predicate of an If whose write-backs' indices ``hoist`` moved out)."""
+    read = needed_values(graph, graph.outputs)[0]
+    dead = [n for n in graph if not any(v in read for v in n.outputs)]
+    for node in dead:
+        for inner in [node, *(n for sub in subgraphs(node) for n in ir.traversal.RecursiveGraphIterator(sub))]:
+            for k in range(len(inner.inputs)):
+                inner.replace_input_with(k, None)
+    graph.remove(dead)
 
 
 def _keep_inputs(graph: ir.Graph, data: Sequence[str]) -> None:

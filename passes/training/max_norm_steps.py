@@ -123,20 +123,19 @@ def at_union(graph: ir.Graph, e: Emitter, node: ir.Node, scatter: ir.Node,
 
 
 def in_bodies(graph: ir.Graph, written: Callable[[ir.Node], bool]) -> dict[ir.Node, list[ir.Node]]:
-    """``{Loop or Scan of graph: the write-backs (``written``) its body makes}``; an ArtifactsError for one
-    an If's branch or a nested body makes (the workers cannot yet agree on those rows before the forward)."""
+    """``{If, Loop or Scan of graph: the write-backs (``written``) its branches or body make}``; an ArtifactsError
+    for one a body nested in another makes (the workers cannot yet agree on those rows before the forward)."""
     found: dict[ir.Node, list[ir.Node]] = {}
     for node in graph:
         for sub in subgraphs(node):
             for inner in ir.traversal.RecursiveGraphIterator(sub):
                 if inner.op_type != "ScatterND" or not written(inner):
                     continue
-                if node.op_type not in _LOOPS or inner.graph is not sub:
-                    what = "a gc.cond branch" if node.op_type == "If" else "a body nested in another"
+                if inner.graph is not sub:
                     raise ArtifactsError(
-                        f"an embedding with max_norm renormalises rows inside {what} (node {node.name!r}): the workers "
-                        "make a body's write-back at the union of their shards' rows at each iteration of a "
-                        "gc.fori_loop/gc.while_loop/gc.scan body of the main graph, not yet there (the branch a shard "
-                        "takes may differ from the whole batch's); train with one worker")
+                        f"an embedding with max_norm renormalises rows inside a body nested in another (in node "
+                        f"{node.name!r}): the workers make a write-back at the union of their shards' rows in a "
+                        "gc.cond branch or at each iteration of a gc.fori_loop/gc.while_loop/gc.scan body of the main "
+                        "graph, not yet in a nested one; train with one worker")
                 found.setdefault(node, []).append(inner)
     return found
