@@ -6,6 +6,7 @@ process to 1e-12 in float64. A branch picked from the batch cannot be one proces
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -141,15 +142,15 @@ def test_workers_train_lookups_inside_a_cond_branch_as_torch_on_the_whole_batch(
                 "y": rng.normal(size=(5, ROWS))} for _ in range(6)]
     torch_opt, want, taken = OPTIMIZERS["adamw"][1](twin.parameters()), [], []
     for b in batches:
-        i = torch.from_numpy(b["i"])
         taken.append(twin.fc.bias.sum().item() > GATE)
         torch_opt.zero_grad()
-        out = twin.fc(twin.emb(i[:, 1]) if taken[-1] else twin.emb(i[:, 0]) * 0.5)
-        loss = torch.nn.functional.mse_loss(out, torch.from_numpy(b["y"]))
+        loss = _torch_cond_loss(twin, b)
         loss.backward()
         torch_opt.step()
         want.append(loss.item())
     assert 0 < sum(taken) < len(taken), taken
+    with torch.no_grad():  # evaluate: the taken branch's tied layer reads both shards' rows renormalised
+        want_eval = [_torch_cond_loss(copy.deepcopy(twin), b).item() for b in batches[:2]]
     with warnings.catch_warnings():
         warnings.simplefilter("error", gc.DataParallelWarning)
         trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
@@ -159,8 +160,16 @@ def test_workers_train_lookups_inside_a_cond_branch_as_torch_on_the_whole_batch(
         for name in ("emb.weight", "fc.bias"):
             np.testing.assert_allclose(got[name], twin.state_dict()[name].numpy(), rtol=1e-12, atol=1e-15,
                                        err_msg=name)
+        np.testing.assert_allclose([trainer.evaluate(b)["loss"] for b in batches[:2]], want_eval, rtol=1e-12)
     finally:
         trainer.shutdown()
+
+
+def _torch_cond_loss(twin, batch):
+    """Torch's ``if`` on the whole batch: the branch ``_cond_forward`` picks, its lookup renormalising in place."""
+    i = torch.from_numpy(batch["i"])
+    out = twin.fc(twin.emb(i[:, 1]) if twin.fc.bias.sum().item() > GATE else twin.emb(i[:, 0]) * 0.5)
+    return torch.nn.functional.mse_loss(out, torch.from_numpy(batch["y"]))
 
 
 @pytest.mark.parametrize("predicate", ["sum", "size"])
