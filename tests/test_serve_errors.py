@@ -182,6 +182,18 @@ def test_extra_binary_bytes(http):
     check(http, binary_post(http, body, length), 400, "4 bytes of binary data that no input claims")
 
 
+@pytest.mark.parametrize("byte", [2, 255])
+def test_binary_bool_bytes_other_than_0_and_1_are_refused(http, byte):
+    """numpy read such a byte as a bool that is neither: the backends disagreed (Where took x's branch on
+    onnxruntime, xw's on numpy) and Not sent back BOOL bytes of 253 or 254 (onnxruntime)."""
+    body, length = binary_request({"x": X, "idx": IDX, "mask": MASK})
+    body = bytearray(body)
+    body[-MASK.size + 5] = byte  # the mask's element [1, 1]
+    check(http, binary_post(http, bytes(body), length), 400,
+          f"input 'mask': BOOL element 5 (flat index) is byte {byte}; BOOL binary data holds one byte per element, "
+          "0 (false) or 1 (true)")
+
+
 @pytest.mark.parametrize("value, match", [
     ("99999", "but the body has only"), ("ten", "bad Inference-Header"),
     # more digits than int() converts (4300) was a 500; past 20 digits no length is meant

@@ -137,10 +137,24 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[np.ndarra
         if size != count * dtype.itemsize:
             raise ProtocolError(f"input {item.name!r}: shape {item.shape} of {item.datatype} needs "
                                 f"{count * dtype.itemsize} bytes, binary_data_size is {size}")
-        return _shaped(item, np.frombuffer(binary[offset:offset + size], dtype=dtype)), offset + size
+        raw = binary[offset:offset + size]
+        if dtype == np.bool_:
+            _check_bools(item.name, raw)
+        return _shaped(item, np.frombuffer(raw, dtype=dtype)), offset + size
     if item.data is None:
         raise ProtocolError(f"input {item.name!r} has neither 'data' nor parameters.binary_data_size")
     return _shaped(item, _json_array(item, dtype, count)), offset
+
+
+def _check_bools(name: str, raw: memoryview) -> None:
+    """BOOL binary data is one byte per element, 0 or 1. numpy reads any other byte as a bool that is
+    neither, on which the backends disagree (Not of byte 2 was 0 on numpy, 3 on onnxruntime, sent
+    back as a BOOL byte of 3)."""
+    codes = np.frombuffer(raw, np.uint8)
+    if codes.size and codes.max() > 1:
+        first = int(np.argmax(codes > 1))
+        raise ProtocolError(f"input {name!r}: BOOL element {first} (flat index) is byte {codes[first]}; BOOL binary "
+                            "data holds one byte per element, 0 (false) or 1 (true)")
 
 
 def _json_array(item: Any, dtype: np.dtype, count: int) -> np.ndarray:
