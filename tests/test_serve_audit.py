@@ -44,10 +44,15 @@ def connect(port: int) -> socket.socket:
 
 
 def replies(sock: socket.socket, count: int) -> list[tuple[bytes, dict]]:
-    """The next ``count`` replies on ``sock``, each as (status line, JSON body); nothing after them."""
+    """The next ``count`` replies on ``sock``, each as (status line, JSON body); nothing after them.
+    Interim ``100 Continue`` replies (the server's probes of a half-closed client) are skipped, as
+    every HTTP/1.1 client skips them."""
     out, data = [], b""
     while len(out) < count:
         head, _, rest = data.partition(b"\r\n\r\n")
+        if _ and head == b"HTTP/1.1 100 Continue":
+            data = rest
+            continue
         length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head + b"\r\n") if _ else None
         if length is None or len(rest) < int(length.group(1)):
             chunk = sock.recv(65536)

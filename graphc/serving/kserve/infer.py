@@ -200,7 +200,8 @@ def run_request(model: ServedModel, body: bytes, header_length: int | None, max_
                 inflate: Callable[[bytes], bytes] | None = None, deadline: Deadline | None = None,
                 max_tensor_bytes: int | None = None, max_request_bytes: int | None = None) -> tuple[bytes, int | None]:
     """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
-    ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504;
+    ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504, one
+    cancelled by the client's disconnect, a 400 no one reads;
     a tensor over ``max_tensor_bytes`` or tensors live at once over ``max_request_bytes``, a 413)."""
     try:
         if deadline is not None:
@@ -226,6 +227,15 @@ async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _until_disconnect(receive: Callable, deadline: Deadline) -> None:
+    """Stop ``deadline``'s run when the client disconnects: once the body is in, ``receive`` waits
+    for nothing else. A client gone mid-run held its worker thread (and on numpy the model, so
+    every later request to it) until the run ended or --request-timeout passed."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    deadline.disconnect()
 
 
 async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
@@ -254,8 +264,9 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
         body, inflate = await _read_body(headers, receive, limits.body, limits.json, header_length)
         loop = asyncio.get_running_loop()
-        deadline = None if limits.timeout is None else Deadline(limits.timeout)
-        timer = None if deadline is None else loop.call_later(limits.timeout, deadline.cancel)
+        deadline = Deadline(limits.timeout)
+        timer = None if limits.timeout is None else loop.call_later(limits.timeout, deadline.cancel)
+        watcher = loop.create_task(_until_disconnect(receive, deadline))
         try:
             if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
                 payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
@@ -266,6 +277,7 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
                                                                   limits.reply, None, deadline, limits.tensor,
                                                                   limits.live)
         finally:
+            watcher.cancel()
             if timer is not None:
                 timer.cancel()
         del body

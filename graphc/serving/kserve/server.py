@@ -31,6 +31,10 @@ DEFAULT_BACKLOG = 4096
 # a client could send gigabytes of headers or trailers within the read timeout, all held; above it
 # a 431. (Node allows 16 KiB of headers, Go 1 MiB.)
 MAX_HEAD_BYTES = 64 << 10
+# After a client's FIN, seconds between the interim replies that find out whether it only half-closed
+# (it reads them, and its reply after them) or is gone (its kernel answers them with a reset).
+PEER_PROBE_INTERVAL = 0.5
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
@@ -55,7 +59,10 @@ class DeadlineProtocol(HttpToolsProtocol):
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
     client held the shutdown for the whole read timeout. Behind pipelined requests still being
     answered, the 400, 408 or 431 of the request after them waits for their replies (uvicorn sent
-    it first); a client that half-closes still gets the replies of the requests it sent whole."""
+    it first); a client that half-closes still gets the replies of the requests it sent whole.
+    A FIN reads the same whether the client half-closed or closed its socket, so while such a
+    request (HTTP/1.1) runs the server sends ``100 Continue`` every ``PEER_PROBE_INTERVAL`` seconds:
+    a closed socket answers with a reset, the connection is lost, and the app stops the run."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -69,6 +76,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._in_body = False  # the newest request's head is in, its body not yet
         self._running: Any = None  # the cycle whose app runs (later pipelined ones wait in ``pipeline``)
         self._deferred: bytes | None = None  # a closing reply due once earlier requests are answered
+        self._peer_probe: asyncio.TimerHandle | None = None  # after a FIN, while a reply is due
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -104,7 +112,20 @@ class DeadlineProtocol(HttpToolsProtocol):
         newest.keep_alive = False  # its reply closes the connection
         self._cancel("_read_deadline")
         self._cancel("_idle_deadline")
+        self._probe_peer()
         return True
+
+    def _probe_peer(self) -> None:
+        """Send ``100 Continue`` (interim: HTTP/1.1 clients skip it, RFC 9110, 15.2) while the running
+        request's reply has not started, again every ``PEER_PROBE_INTERVAL`` seconds: a peer that
+        closed its socket resets the connection, and the write after the reset loses it."""
+        running = self._running
+        if self.transport.is_closing() or running is None or running.response_started \
+                or running.scope["http_version"] == "1.0":  # no 1xx to HTTP/1.0 clients (RFC 9110, 15.2)
+            self._peer_probe = None
+            return
+        self.transport.write(_CONTINUE)
+        self._peer_probe = self.loop.call_later(PEER_PROBE_INTERVAL, self._probe_peer)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -165,7 +186,13 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._cancel("_read_deadline")
         self._cancel("_write_deadline")
         self._cancel("_idle_deadline")
+        self._cancel("_peer_probe")
+        running = self._running
         super().connection_lost(exc)
+        # uvicorn tells only the newest request; one running ahead of pipelined ones is told too
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
