@@ -59,6 +59,22 @@ def generate(spec, fused=True, frozen=(), **kw):
     return gc.training.generate(mixed_model(**kw), gc.losses.mse("out", label="y"), spec, fused=fused, frozen=frozen)
 
 
+# ``flat``'s thresholds for the layouts the tests compare (the fc weights are 16 elements, the
+# biases 4, the head's 8 and 2): every param in its group's small tail (the defaults); the fc
+# weights stepped on their own in a shared group; the fc weights each a group of its own
+LAYOUTS = {"small-tails": {}, "weights-large": {"SMALL_ELEMENTS": 10}, "weights-alone": {"ALONE_ELEMENTS": 16}}
+
+
+def generate_laid_out(spec, layout, monkeypatch, **kw):
+    """``generate`` with ``LAYOUTS[layout]``'s thresholds (``"per-param"``: ``fused=False``)."""
+    from graphc.passes.training import flat
+
+    with monkeypatch.context() as patched:
+        for name, value in LAYOUTS.get(layout, {}).items():
+            patched.setattr(flat, name, value)
+        return generate(spec, fused=layout != "per-param", **kw)
+
+
 def run(arts, backend, data=None):
     trainer = gc.Trainer(arts, backend=backend, **options(backend))
     return [trainer.step(b) for b in data or batches()], trainer.state_dict()
@@ -150,6 +166,12 @@ def test_large_params_step_as_fed_small_ones_as_one(spec, monkeypatch):
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_fused_equals_the_per_param_update(spec):
     fused, per_param = generate(spec), generate(spec, fused=False)
+    # every param is under SMALL_ELEMENTS: the group's step is applied to its params as one, never
+    # split into pieces only to be concatenated back
+    graph = fused.train_step.proto.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    assert not [n.name for n in graph.node if n.op_type == "Concat"
+                and any(i in producers and producers[i].op_type == "Split" for i in n.input)]
     # numpy: the same elementwise ops on the same values, so the same bits
     _equal_runs(run(fused, "numpy"), run(per_param, "numpy"), 0)
     _equal_runs(run(fused, "ort-cpu"), run(per_param, "ort-cpu"), 1e-6)
@@ -164,18 +186,13 @@ def _equal_runs(a, b, rtol):
 
 @pytest.mark.parametrize("backend", ORT)
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-@pytest.mark.parametrize("small", [None, 10], ids=["small-tails", "weights-large"])
-def test_fused_matches_torch_optim(spec, backend, small, monkeypatch):
-    """Against torch.optim's single-tensor step, with every param in its group's small tail (all are
-    under ``SMALL_ELEMENTS``) and with the 16-element fc weights stepped on their own."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fused_matches_torch_optim(spec, backend, layout, monkeypatch):
+    """Against torch.optim's single-tensor step, in each of ``LAYOUTS``."""
     torch = pytest.importorskip("torch")
     from fnmatch import fnmatchcase
 
-    from graphc.passes.training import flat
-
-    if small is not None:
-        monkeypatch.setattr(flat, "SMALL_ELEMENTS", small)
-    arts = generate(spec, frozen=["fc1.bias"])
+    arts = generate_laid_out(spec, layout, monkeypatch, frozen=["fc1.bias"])
     assert "fc1.bias" in arts.manifest.frozen
     losses, state = run(arts, backend)
     initial = {**arts.inference.params, **arts.state}
@@ -205,15 +222,17 @@ def test_fused_matches_torch_optim(spec, backend, small, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["numpy", *ORT])
-@pytest.mark.parametrize("first_fused", [True, False], ids=["fused-then-per-param", "per-param-then-fused"])
-def test_checkpoints_cross_the_layout_change(tmp_path, backend, first_fused):
+@pytest.mark.parametrize("layouts", [("small-tails", "per-param"), ("per-param", "small-tails"),
+                                     ("weights-alone", "small-tails"), ("small-tails", "weights-alone")],
+                         ids=lambda pair: "-then-".join(pair))
+def test_checkpoints_cross_the_layout_change(tmp_path, backend, layouts, monkeypatch):
     spec = gc.optim.AdamW(0.02, no_decay=("*.bias",))
     data = batches(6)
-    straight_losses, straight = run(generate(spec, fused=first_fused), backend, data)
-    first = gc.Trainer(generate(spec, fused=first_fused), backend=backend, **options(backend))
+    straight_losses, straight = run(generate_laid_out(spec, layouts[0], monkeypatch), backend, data)
+    first = gc.Trainer(generate_laid_out(spec, layouts[0], monkeypatch), backend=backend, **options(backend))
     losses = [first.step(b) for b in data[:3]]
     first.save_checkpoint(tmp_path / "ck.safetensors")
-    second = gc.Trainer(generate(spec, fused=not first_fused), backend=backend, **options(backend))
+    second = gc.Trainer(generate_laid_out(spec, layouts[1], monkeypatch), backend=backend, **options(backend))
     second.load_checkpoint(tmp_path / "ck.safetensors")
     losses += [second.step(b) for b in data[3:]]
     # the per-param names are the checkpoint's, whatever the layout; numpy replays bit for bit
@@ -262,3 +281,35 @@ def test_groups_are_chunked_and_chunking_changes_no_number(monkeypatch):
     assert groups == [("params.float32", ["fc0.weight", "fc0.bias"]), ("params.float32.1", ["fc1.weight", "fc1.bias"]),
                       ("params.float32.2", ["fc2.weight", "fc2.bias"]), ("params.float64", ["head.weight", "head.bias"])]
     _equal_runs(run(chunked, "numpy"), run(generate(spec, fused=False, layers=3), "numpy"), 0)
+
+
+def test_large_params_get_groups_of_their_own(monkeypatch):
+    """A param of ``ALONE_ELEMENTS`` or more is a group of its own, the small params filling
+    theirs around it: the chain reads its gradient as it comes and its step is applied as it
+    leaves, no Concat or Split on the way. Same numbers as the per-param update."""
+    spec = gc.optim.AdamW(0.02, weight_decay=0.1)
+    arts = generate_laid_out(spec, "weights-alone", monkeypatch, layers=3)
+    assert [(b.name, b.params) for b in arts.manifest.layout] == [
+        ("params.float32", ["fc0.weight"]), ("params.float32.1", ["fc0.bias", "fc1.bias", "fc2.bias"]),
+        ("params.float32.2", ["fc1.weight"]), ("params.float32.3", ["fc2.weight"]),
+        ("params.float64", ["head.weight", "head.bias"])]
+    graph = arts.train_step.proto.graph
+    producers = {o: n for n in graph.node for o in n.output}
+
+    def update_ops(output):  # the op types of the optim/ nodes ``output`` is computed from
+        ops, todo, seen = set(), [output], set()
+        while todo:
+            node = producers.get(todo.pop())
+            if node is not None and node.name.startswith("optim/") and node.name not in seen:
+                seen.add(node.name)
+                ops.add(node.op_type)
+                todo += list(node.input)
+        return ops
+
+    for i, group in [(0, "params.float32"), (1, "params.float32.2"), (2, "params.float32.3")]:
+        for output in (f"fc{i}.weight.next", f"{group}.exp_sum.next", f"{group}.exp_sum_sq.next"):
+            ops = update_ops(output)
+            assert {"Add", "Mul"} <= ops and not ops & {"Concat", "Split"}, (output, ops)
+    assert {"Concat", "Split"} <= update_ops("fc1.bias.next")
+    _equal_runs(run(arts, "numpy"), run(generate(spec, fused=False, layers=3), "numpy"), 0)
+    _equal_runs(run(arts, "ort-cpu"), run(generate(spec, fused=False, layers=3), "ort-cpu"), 1e-6)

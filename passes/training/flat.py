@@ -1,7 +1,8 @@
 """The fused update's layout: trainable params updated end to end, a few flat buffers at a time.
 
 Params are grouped by dtype and by whether they get weight decay, a group at most
-``CHUNK_ELEMENTS`` long (``params.float32``, ``params.float32.1``, ...). train_step still takes (and
+``CHUNK_ELEMENTS`` long (``params.float32``, ``params.float32.1``, ...), a param of
+``ALONE_ELEMENTS`` or more a group of its own. train_step still takes (and
 outputs) each param under its own name, as the graphs use it; the update reads a group's
 gradients ``Concat``-ed into one flat vector and its optimizer state as one flat buffer per slot,
 ``<group>.<slot>`` (a train_step input and output of shape [numel]), and computes the group's step
@@ -70,7 +71,7 @@ __all__ = ["Group", "apply", "concat", "plan", "split"]
 # elements or more in a group of its own, so that no Concat copies its gradient and no Split its
 # step: ResNet-50 at batch 32, 64 px, 43 (53) groups in place of 44, Trainer steps interleaved,
 # built second / first, 0.998x / 1.005x (0.991x / 1.005x); most of its large params were alone
-# already.
+# already. (Since taken, with GPT's and the CNNs' numbers: ``ALONE_ELEMENTS``.)
 CHUNK_ELEMENTS = 1 << 19
 # A group's params of fewer elements than this are stepped as one (``apply``): their pieces of the
 # step and the params themselves concatenated, ``param * shrink - delta`` in two nodes, the result
@@ -85,6 +86,18 @@ CHUNK_ELEMENTS = 1 << 19
 # 1.129x / 0.948x: this VM's noise that hour). Losses equal bit for bit. The Split writes the
 # small params' next values into their own buffers, as the Subs did (``in_place``).
 SMALL_ELEMENTS = 1 << 14
+# A param of this many elements or more gets a group of its own: its gradient is read by the
+# chain as it comes (no Concat) and its step applied as it leaves (no Split), where the chain's
+# ~11 more nodes cost less than those two copies (single-threaded in onnxruntime's CPU provider).
+# The AdamW update of GPT (bench_zoo, batch 2, onnxruntime CPU, 1 thread, per-node medians of 12
+# runs): 13.4 -> 12.1 ms of kernel time (the Concats and Splits 2.0 -> 0.26 ms; the bare chain
+# over as many floats, ``bench_zoo.chain_floor_ms``, 10.9 ms), 15 -> 26 groups, 1,457 -> 1,469
+# nodes. Trainer steps interleaved in one process, 1 thread, CPU time, batch 2, 64 px, against no
+# group of one: GPT 0.97x-1.00x (two runs), ViT-Ti/8 0.98x, EfficientNet-B0 0.98x,
+# MobileNetV3-small 0.96x, RegNetY-400MF 0.96x, ResNet-18 0.96x, ResNet-50 1.00x / 1.03x (two
+# runs; most of its large params were alone already); 2**15 and 2**17 within this machine's
+# noise of it (EfficientNet-B0 0.96x / 0.94x, RegNetY 0.94x / 0.96x). Losses equal bit for bit.
+ALONE_ELEMENTS = 1 << 16
 # A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
 # train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
 # 0.94x / 0.99x the step time, ResNet-50 (106 of its 161 params) 0.98x / 0.99x.
@@ -106,7 +119,8 @@ class Group:
 
 def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> list[Group]:
     """Groups by (dtype, weight decay), params in the order they first appear; a group is closed
-    before it would pass ``CHUNK_ELEMENTS`` (a larger param gets a group of its own)."""
+    before it would pass ``CHUNK_ELEMENTS``; a param of ``ALONE_ELEMENTS`` or more gets a group
+    of its own."""
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
     open_groups: dict[tuple, Group] = {}
     groups: list[Group] = []
@@ -114,12 +128,13 @@ def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> 
         value = graph.initializers[p]
         key = (value.dtype, decays[p])
         shape = tuple(int(d) for d in value.shape)
-        group = open_groups.get(key)
-        if group is None or (group.params and sum(group.sizes) + math.prod(shape) > CHUNK_ELEMENTS):
+        group, alone = open_groups.get(key), math.prod(shape) >= ALONE_ELEMENTS
+        if alone or group is None or (group.params and sum(group.sizes) + math.prod(shape) > CHUNK_ELEMENTS):
             stem = f"params.{_DTYPE_NAMES.get(value.dtype, value.dtype.name.lower())}" + ("" if decays[p] else ".no_decay")
-            name = fresh_name(taken, stem, sep=".")
-            group = open_groups[key] = Group(name, value.dtype, [], [], decays[p])
+            group = Group(fresh_name(taken, stem, sep="."), value.dtype, [], [], decays[p])
             groups.append(group)
+            if not alone:  # a group of one large param stays closed: the small ones go on filling theirs
+                open_groups[key] = group
         group.params.append(p)
         group.shapes.append(shape)
     return groups
@@ -162,6 +177,8 @@ def apply(b: Emitter, group: Group, params: Mapping[str, ir.Value], delta: ir.Va
     params under ``SMALL_ELEMENTS`` (two or more) as one flat tail, split back."""
     small = {p: shape for p, shape, size in zip(group.params, group.shapes, group.sizes) if size < SMALL_ELEMENTS}
     small = small if len(small) > 1 else {}
+    if len(small) == len(group.params):  # all of them the tail: ``delta`` is its step as it is
+        return split(b, group, optimizers.apply(b, concat(b, group, params), delta, shrink))
     pieces = split(b, group, delta, keep_flat=small)
     out = {p: optimizers.apply(b, params[p], pieces[p], shrink) for p in group.params if p not in small}
     if small:
