@@ -33,6 +33,19 @@ tape; x's stacked gradient, forward direction), not re-stacked by the backward, 
 not scanned only for its shape: LSTM 256 LM T=128 backward body 5 -> 3 scan outputs, 7 -> 5 scanned
 inputs, 4 nodes a step fewer; 1-thread CPU ms per step, median of 16 interleaved: LSTM 70.3 -> 69.6,
 GRU 59.7 -> 58.9 (fastest 68.1 -> 66.8, 58.1 -> 57.2).
+Tried and not kept (the same LM, batch 16, AdamW; 1-thread CPU ms per step, median of 36-48 interleaved,
+old / tried): the backward body's work that reads only tapes (``1 - tanh^2``, ``s (1 - s)``, the gate
+Split; ``(d a) b`` regrouped ``d (a b)`` first) done once on the stacks before the backward Scan and
+scanned in, 21 -> 12 nodes a step: LSTM T=16 12.29 / 12.37, T=64 38.1 / 38.5, T=128 72.5 / 74.9
+(likely: the [T, B, H] stacks it writes leave the cache), GRU T=64 31.9 / 31.2, T=128 55.5 / 57.0; at 2
+threads, T=128, 90 steps interleaved with PyTorch's: 76.3 / 75.6 (fastest 38.2 / 38.7; PyTorch 71.5 /
+37.0). The Scan bodies' output Identities removed (the producer writes the stacked output; 8 nodes, 5
+a forward step and 3 a backward one): T=128 64.18 / 64.24. The steps' Gemm [16, 256] x [256, 1024]
+scales with threads (58.3 -> 31.5 us at 2), and PyTorch's 1-thread step (74 ms at T=128) spends 12.6
+ms in oneDNN's fused LSTM layer forward and 22.4 backward against an estimated ~33 of graphc's for
+both (its step less the head, loss and update). At 2 threads (``bench_recurrent.py --model lm``,
+PyTorch / graphc, median; fastest ms) T=16 1.02x (6.35 / 6.24), T=64 (19.6 / 20.3), T=128 0.94x (39.0 /
+40.7): where that 3-6 % goes, a 2-core machine shared at load 2.5-17 did not let these runs resolve.
 Not tried: batched (``gc.vmap``) weights, whose per-step gradient is a batched MatMul that still
 accumulates.
 """
