@@ -12,7 +12,7 @@ from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.resize_runtime import block_sum, runtime_matrix
 from graphc.passes.autodiff.separable import axis_matrix, contract
-from graphc.passes.autodiff.slice_pads import constant_input, run_time_slice_grad, static_slice_pads
+from graphc.passes.autodiff.slice_pads import constant_input, padded_slice_grad, static_slice_pads
 
 # An edge/reflect/wrap Pad's gradient contracts dy with an [out, in] matrix per padded axis up to this
 # many entries; past it (a long axis: the matrix and the MatMul's work grow with its square), dy is summed
@@ -67,7 +67,7 @@ def grad_slice(g, node, dy):
     pads = static_slice_pads(node)
     if pads is not None:
         return (g.op("Pad", dy, g.ints(pads)),) + rest
-    dx = run_time_slice_grad(g, node, dy)
+    dx = padded_slice_grad(g, node, dy)
     if dx is not None:
         return (dx,) + rest
     dx = _scattered_back(g, x, dy, lambda positions: g.op("Slice", positions, *node.inputs[1:]), add=False)
