@@ -1,7 +1,8 @@
 """``nn.LSTM(proj_size=P)`` (torch's LSTM with projections, written out step by step) against torch 2.13 in
 float64 on numpy and ort-cpu: torch's parameter names and shapes (``weight_hh [4H, P]``, ``weight_hr_l{k}{_reverse}
 [P, H]``) loading torch's state_dict strictly; the output, ``h_n`` and ``c_n``, and the gradients of the input,
-the initial states and every parameter; multi-layer, bidirectional, batch_first, unbatched and packed runs."""
+the initial states and every parameter; multi-layer, bidirectional, batch_first, unbatched and packed runs; a
+symbolic length (a Scan per layer and direction) at two lengths from one capture."""
 
 from __future__ import annotations
 
@@ -56,13 +57,9 @@ class _Net(gc.nn.Module):
         return {"out": out, "h_n": h, "c_n": cn, "loss": gc.sum(out * c) + gc.sum(h * ch) + gc.sum(cn * cc)}
 
 
-@pytest.mark.parametrize("name,kwargs,given,lengths", CASES, ids=[c[0] for c in CASES])
-def test_values_and_gradients_match_torch(name, kwargs, given, lengths):
-    ours, theirs = _pair(kwargs)
-    layers = kwargs.get("num_layers", 1) * (2 if kwargs.get("bidirectional") else 1)
-    first = kwargs.get("batch_first", False)
-    x = RNG.standard_normal((N, T, IN) if first else (T, N, IN))
-    states = (RNG.standard_normal((layers, N, PROJ)), RNG.standard_normal((layers, N, HID))) if given else None
+def _torch_run(theirs, x, states, lengths, first):
+    """torch's ``out``, ``h_n``, ``c_n`` and the gradients of the loss ``_Net`` takes (``x_grad``, ``h0_grad``,
+    ``c0_grad``, ``m.<param>_grad``), and the cotangents ``c, ch, cc`` it drew."""
     tx = torch.tensor(x, requires_grad=True)
     ts = None if states is None else tuple(torch.tensor(s, requires_grad=True) for s in states)
     run_in = tx if lengths is None else tr.pack_padded_sequence(tx, lengths, first, enforce_sorted=False)
@@ -70,16 +67,79 @@ def test_values_and_gradients_match_torch(name, kwargs, given, lengths):
     if lengths is not None:
         out, _ = tr.pad_packed_sequence(out, batch_first=first)
     c, ch, cc = (RNG.standard_normal(tuple(t.shape)) for t in (out, h, cn))
+    theirs.zero_grad()
     sum((t * torch.from_numpy(w)).sum() for t, w in ((out, c), (h, ch), (cn, cc))).backward()
-    grads = gc.grad(gc.capture(_Net(ours, x, states, lengths), c=c, ch=ch, cc=cc), "loss")
     want = {"out": out, "h_n": h, "c_n": cn, "x_grad": tx.grad,
             **({} if ts is None else {"h0_grad": ts[0].grad, "c0_grad": ts[1].grad}),
             **{f"m.{k}_grad": p.grad for k, p in theirs.named_parameters()}}
+    return {k: v.detach().numpy() for k, v in want.items()}, {"c": c, "ch": ch, "cc": cc}
+
+
+def _inputs(kwargs, steps):
+    """A random input of ``steps`` steps and initial states (or None) for the LSTM ``kwargs`` builds."""
+    layers = kwargs.get("num_layers", 1) * (2 if kwargs.get("bidirectional") else 1)
+    x = RNG.standard_normal((N, steps, IN) if kwargs.get("batch_first", False) else (steps, N, IN))
+    return x, (RNG.standard_normal((layers, N, PROJ)), RNG.standard_normal((layers, N, HID)))
+
+
+def _check(grads, feeds, want):
     for backend in ("numpy", "ort-cpu"):
-        got = gc.Session(grads, backend=backend).run({"c": c, "ch": ch, "cc": cc})
+        got = gc.Session(grads, backend=backend).run(feeds)
         for key, value in want.items():
-            np.testing.assert_allclose(got[key], value.detach().numpy(), rtol=1e-10, atol=1e-13,
-                                       err_msg=f"{backend} {key}")
+            np.testing.assert_allclose(got[key], value, rtol=1e-10, atol=1e-13, err_msg=f"{backend} {key}")
+
+
+@pytest.mark.parametrize("name,kwargs,given,lengths", CASES, ids=[c[0] for c in CASES])
+def test_values_and_gradients_match_torch(name, kwargs, given, lengths):
+    ours, theirs = _pair(kwargs)
+    x, states = _inputs(kwargs, T)
+    states = states if given else None
+    want, feeds = _torch_run(theirs, x, states, lengths, kwargs.get("batch_first", False))
+    _check(gc.grad(gc.capture(_Net(ours, x, states, lengths), **feeds), "loss"), feeds, want)
+
+
+class _SymbolicNet(_Net):
+    """``_Net`` over the first T steps of ``x``, T read off the cotangent ``c`` at run time (a symbolic length);
+    packed by the lengths fed."""
+
+    def forward(self, c, ch, cc, lengths=None):
+        first = self.m.batch_first
+        steps = c.shape[1 if first else 0]
+        x = self.x[:, :steps] if first else self.x[:steps]
+        if lengths is not None:
+            x = gr.pack_padded_sequence(x, lengths, first, enforce_sorted=False)
+        out, (h, cn) = self.m(x, (self.h0, self.c0) if self.given else None)
+        if lengths is not None:
+            out, _ = gr.pad_packed_sequence(out, batch_first=first)
+        return {"out": out, "h_n": h, "c_n": cn, "loss": gc.sum(out * c) + gc.sum(h * ch) + gc.sum(cn * cc)}
+
+
+@pytest.mark.parametrize("name,kwargs,given,lengths", CASES, ids=[c[0] for c in CASES])
+def test_a_symbolic_length_runs_as_torch_at_two_lengths(name, kwargs, given, lengths):
+    """One capture of ``[T, N, in]`` (a Scan per layer and direction), run at T=3 and T=6: values and gradients
+    as torch's at each length (x's rows past T get zeros)."""
+    ours, theirs = _pair(kwargs)
+    first, longest = kwargs.get("batch_first", False), 6
+    x, drawn = _inputs(kwargs, longest)
+    states = drawn if given else None
+    width = PROJ * (2 if kwargs.get("bidirectional") else 1)
+    specs = {"c": gc.spec("float64", (N, "T", width) if first else ("T", N, width)),
+             "ch": gc.spec("float64", drawn[0].shape), "cc": gc.spec("float64", drawn[1].shape)}
+    if lengths is not None:
+        specs["lengths"] = gc.spec("int64", (N,))
+    model = gc.capture(_SymbolicNet(ours, x, states, lengths), **specs)
+    assert [n.op_type for n in model.ir.graph].count("Scan") == drawn[0].shape[0]  # one per layer and direction
+    grads = gc.grad(model, "loss")
+    for steps in (3, longest):
+        part = x[:, :steps] if first else x[:steps]
+        packed = None if lengths is None else np.minimum(lengths, steps)
+        if packed is not None:
+            packed[np.argmax(lengths)] = steps  # the longest sequence fills the T steps, as torch pads to it
+        want, feeds = _torch_run(theirs, part, states, None if packed is None else packed.tolist(), first)
+        grad = np.zeros_like(x)
+        (grad[:, :steps] if first else grad[:steps])[...] = want["x_grad"]
+        want["x_grad"] = grad
+        _check(grads, {**feeds, **({} if packed is None else {"lengths": packed})}, want)
 
 
 def test_an_unbatched_input_runs_as_torchs():
@@ -100,6 +160,3 @@ def test_repr_and_refusals():
     for bad in (HID, -1, 1.5):
         with pytest.raises(gc.GraphError, match=rf"LSTM proj_size={bad!r} must be an int in \[0, hidden_size=5\)"):
             gc.nn.LSTM(IN, HID, proj_size=bad)
-    layer = gc.nn.LSTM(IN, HID, proj_size=PROJ)
-    with pytest.raises(gc.GraphError, match=r"LSTM.*proj_size=2 writes each step out and needs a static sequence"):
-        gc.capture(lambda x: layer(x)[0], x=gc.spec("float32", ("T", 2, IN)))

@@ -174,8 +174,9 @@ class GRU(_RNNBase):
 
 class LSTM(_RNNBase):
     """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``. With ``proj_size`` P (torch's LSTM with projections:
-    ``h = (o tanh(c)) @ weight_hr.T``, ``out`` and ``h_n`` of width P) each layer is written out step by
-    step (``projected_layer``), which needs a static sequence length; without, one ONNX LSTM node."""
+    ``h = (o tanh(c)) @ weight_hr.T``, ``out`` and ``h_n`` of width P) each layer is written in the DSL's ops
+    (``projected_layer``: step by step at a static length, a Scan at a symbolic one); without, one ONNX LSTM
+    node."""
 
     op = "LSTM"
 

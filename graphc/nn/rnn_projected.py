@@ -1,8 +1,10 @@
 """One layer of torch's LSTM with projections (``proj_size`` P > 0), which ONNX's LSTM op cannot hold:
-written out step by step in the DSL's ops (one MatMul of the whole sequence's inputs, then per step the
-recurrent MatMul, the gates, ``c = f c + i g`` and ``h = (o tanh(c)) @ weight_hr.T``), so autodiff
-differentiates it as any graph. A packed sequence's row past its length keeps its state and emits zeros,
-as torch's packed run (the reverse direction starts at each row's last step)."""
+written in the DSL's ops (one MatMul of the whole sequence's inputs, then per step the recurrent MatMul, the
+gates, ``c = f c + i g`` and ``h = (o tanh(c)) @ weight_hr.T``), so autodiff differentiates it as any graph: a
+static sequence length written out step by step, a symbolic one (``T`` read at run time) as a ``gc.scan`` per
+direction (the reverse one over the steps flipped, its outputs flipped back), whose gradient is a Scan in
+reverse mode. A packed sequence's row past its length keeps its state and emits zeros, as torch's packed run
+(the reverse direction starts at each row's last step)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops
-from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops_array import chunk
+from graphc.dsl.control import scan
+from graphc.dsl.ops_array import arange, chunk
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.tensor import Tensor
 
@@ -22,9 +24,6 @@ def projected_layer(lstm: Any, layer: int, x: Tensor, h0: Tensor | None, c0: Ten
     """``[Y (T, N, D*P), h_n (D, N, P), c_n (D, N, H)]`` of ``lstm``'s layer ``layer`` over ``x (T, N, in)``;
     ``h0 (D, N, P)``, ``c0 (D, N, H)`` (zeros if None); ``lengths`` (int32, ``[N]``) for a packed input."""
     steps = x.shape[0] if x.shape else None
-    if not isinstance(steps, int):
-        raise op_error("LSTM", [x], f"proj_size={lstm.proj_size} writes each step out and needs a static "
-                       f"sequence length, got {steps!r}", user_source())
     outs, finals_h, finals_c = [], [], []
     for d, suffix in enumerate(lstm._suffixes(layer)):
         w = {n: getattr(lstm, f"{n}{suffix}") for n in ("weight_ih", "weight_hh", "weight_hr")}
@@ -32,21 +31,44 @@ def projected_layer(lstm: Any, layer: int, x: Tensor, h0: Tensor | None, c0: Ten
         h = _state(h0, d, lstm.proj_size, x)
         c = _state(c0, d, lstm.hidden_size, x)
         xw = linear(x, w["weight_ih"], b["bias_ih"])  # [T, N, 4H]: every step's input projection at once
-        ys: list[Tensor | None] = [None] * steps
-        for t in (reversed(range(steps)) if d else range(steps)):
-            i, f, g, o = chunk(xw[t] + linear(h, w["weight_hh"], b["bias_hh"]), 4, dim=-1)
+
+        def cell(h, c, xw_t, t, w=w, b=b):
+            """One step: the new (h, c) and the step's output; a row whose sequence ends before step ``t``
+            (a Python int, or a 0-d int32 read in a scan) keeps its state and emits zeros."""
+            i, f, g, o = chunk(xw_t + linear(h, w["weight_hh"], b["bias_hh"]), 4, dim=-1)
             c_new = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
             h_new = linear(ops.sigmoid(o) * ops.tanh(c_new), w["weight_hr"])
             if lengths is None:
-                h, c, ys[t] = h_new, c_new, h_new
-                continue
-            live = ops.unsqueeze(lengths > ops.lift(np.int32(t)), [1])  # [N, 1]: the row's sequence reaches t
-            h, c = ops.where(live, h_new, h), ops.where(live, c_new, c)
-            ys[t] = ops.where(live, h_new, ops.scalar(0.0, h_new))
-        outs.append(ops.concat([ops.unsqueeze(y, [0]) for y in ys], axis=0))
+                return h_new, c_new, h_new
+            live = ops.unsqueeze(lengths > (ops.lift(np.int32(t)) if isinstance(t, int) else t), [1])  # [N, 1]
+            return ops.where(live, h_new, h), ops.where(live, c_new, c), ops.where(live, h_new, ops.scalar(0.0, h_new))
+
+        if isinstance(steps, int):
+            ys: list[Tensor | None] = [None] * steps
+            for t in (reversed(range(steps)) if d else range(steps)):
+                h, c, ys[t] = cell(h, c, xw[t], t)
+            y = ops.concat([ops.unsqueeze(y, [0]) for y in ys], axis=0)
+        else:
+            h, c, y = _scanned(cell, h, c, xw, reverse=bool(d))
+        outs.append(y)
         finals_h.append(ops.unsqueeze(h, [0]))
         finals_c.append(ops.unsqueeze(c, [0]))
     return [_joined(outs, -1), _joined(finals_h, 0), _joined(finals_c, 0)]
+
+
+def _scanned(cell: Any, h: Tensor, c: Tensor, xw: Tensor, reverse: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``cell`` over ``xw``'s steps (axis 0, of a length read at run time) as one Scan, from the last step back
+    where ``reverse``: the final ``h``, ``c`` and the outputs ``[T, N, P]`` in step order."""
+    t = arange(xw.shape[0], dtype="int32")
+    if reverse:
+        xw, t = xw[::-1], t[::-1]
+
+    def body(carry, step):
+        h, c, y = cell(*carry, *step)
+        return (h, c), y
+
+    (h, c), ys = scan(body, (h, c), (xw, t))
+    return h, c, ys[::-1] if reverse else ys
 
 
 def _state(given: Tensor | None, d: int, width: int, x: Tensor) -> Tensor:
