@@ -51,6 +51,7 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
+from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
@@ -427,7 +428,7 @@ class DistributedTrainer(Trainer):
                 shared = self._ray.put(loader)
                 self._get([r.use_loader.remote(shared) for r in self._replicas], "sending the data loader")
                 self._loader_sent = loader
-            loader = _ReadOnWorkers(loader, self._label_names())
+            loader = ReadOnWorkers(loader, self._label_names())
         if not self._metrics_sent and self._prediction in self._fetch:
             means, whole = self._split_metrics()
             self._get([r.use_metrics.remote(means, bool(whole)) for r in self._replicas], "sending the train metrics")
@@ -454,29 +455,3 @@ class DistributedTrainer(Trainer):
         return (f"<gc.Trainer backend={self.backend!r} workers={self.workers} step={self.step_count} "
                 f"epoch={self.epoch} {len(self.manifest.trainable)} trainable>")
 
-
-class LoaderBatch(dict):
-    """Batch ``index`` of ``epoch`` of the loader the workers hold: the ``labels`` arrays are the
-    batch's own (so the driver skips a batch of ignored labels, as one process does), each other
-    array's name maps to a zero-stride stand-in with the batch's shape and dtype, so the driver
-    checks the batch and counts its rows without the data, which each worker reads for its own rows."""
-
-    def __init__(self, loader: DataLoader, epoch: int, index: int, labels: set[str]):
-        rows = min(loader.batch_size, loader.num_samples - index * loader.batch_size)
-        super().__init__({n: loader.column(epoch, index, n) if n in labels else
-                          np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
-                          for n, a in loader.arrays.items()})
-        self.epoch, self.index = epoch, index
-
-
-class _ReadOnWorkers:
-    """``loader`` as ``Trainer._fit_epoch`` iterates it, yielding ``LoaderBatch`` positions."""
-
-    def __init__(self, loader: DataLoader, labels: set[str]):
-        self.loader, self.labels = loader, labels
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def iter_epoch(self, epoch: int, start: int = 0):
-        return (LoaderBatch(self.loader, epoch, index, self.labels) for index in range(start, len(self.loader)))
