@@ -786,6 +786,24 @@ class _Pairs(nn.Module):
         return {"logits": (pairs - pairs.mean(axis=1, keepdims=True) * 0.5).reshape(-1, 3)}
 
 
+@contextlib.contextmanager
+def _unhandled_errors():
+    """The errors Ray logs as never read ("Unhandled error", with the worker's traceback) while
+    the block runs and for 1 s after, as their objects are freed."""
+    import ray._private.worker as ray_worker  # Ray's hook, "visible for testing"
+
+    seen: list = []
+    original, ray_worker._unhandled_error_handler = ray_worker._unhandled_error_handler, seen.append
+    try:
+        yield seen
+        import gc as collector
+
+        collector.collect()
+        time.sleep(1.0)
+    finally:
+        ray_worker._unhandled_error_handler = original
+
+
 def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tmp_path):
     """The workers apply the previous update at the start of a step's call; a call that fails
     on a worker, or that the driver stops waiting for, must not make them apply it again."""
@@ -796,15 +814,23 @@ def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tm
     single, dp = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, **WORKER)
     for trainer in (single, dp):
         trainer.step(first)
-    with pytest.raises(gc.GraphcError, match="Reshape"):  # 7 rows: rank 1's 3 rows fail, rank 0's 4 do not
-        dp.step({k: v[:7] for k, v in data.items()})
+    # 7 rows: rank 1's 3 rows fail, rank 0's 4 do not; the error said only "ort-cpu failed while running node
+    # 'Reshape' ... Input shape:{3,3}" (a shape the batch does not have), and Ray logged it again as unhandled
+    pids = dp.worker_pids()
+    with _unhandled_errors() as unhandled:
+        with pytest.raises(gc.errors.BackendError) as failed:
+            dp.step({k: v[:7] for k, v in data.items()})
+        assert str(failed.value).startswith(f"worker rank 1 (pid {pids[1]}) on rows 4:7 of the batch failed during "
+                                            "training step 2: ort-cpu failed while running node 'Reshape'")
+        del failed  # its traceback holds the step's refs: they go now
+    assert unhandled == []
     # a step the driver stops waiting for: rank 1 held (SIGSTOP) past the time-out, so it cannot answer in time
     # however the machine schedules the driver (timeout_s = 0 alone lost that race under load: the workers could
     # finish before the driver asked), then let go: the workers run it all the same
     dp.timeout_s, held = 0.5, dp.worker_pids()[1]
     os.kill(held, signal.SIGSTOP)
     try:
-        with pytest.raises(gc.GraphcError, match="a training step took more than 0.5 s"):
+        with pytest.raises(gc.GraphcError, match="training step 2 took more than 0.5 s"):
             dp.step(second)
     finally:
         os.kill(held, signal.SIGCONT)
@@ -816,7 +842,8 @@ def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tm
     dp.step(first)  # its update is pending
     pid = dp.worker_pids()[1]
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(gc.distributed.WorkerLost, match=rf"^worker rank 1 \(pid {pid}\) died during a training step"):
+    lost = rf"^worker rank 1 \(pid {pid}\) on rows 4:8 of the batch died during training step 4"
+    with pytest.raises(gc.distributed.WorkerLost, match=lost):
         dp.step(second)  # rank 0 applied the update, rank 1 is gone: no consistent state to save
     for _ in range(2):
         with pytest.raises(gc.distributed.WorkerLost):
@@ -839,7 +866,7 @@ def _gone(pid: int, within_s: float = 20.0) -> bool:
 
 def test_a_stopped_worker_times_out_naming_it_and_shutdown_ends_it(ray_cluster):
     """A worker that hangs (SIGSTOP) fails the step after timeout_s; the error said only
-    "a training step took more than 3 s", not which worker had not answered."""
+    "a training step took more than 3 s", not which worker had not answered, nor which step."""
     dp = gc.Trainer(_arts("mlp", "sgd-momentum"), **WORKER)
     batch = _data("mlp", 8)
     dp.step(batch)
@@ -848,7 +875,7 @@ def test_a_stopped_worker_times_out_naming_it_and_shutdown_ends_it(ray_cluster):
     os.kill(pids[0], signal.SIGSTOP)
     try:
         start = time.monotonic()
-        late = rf"a training step took more than 3 s \(worker rank 0 \(pid {pids[0]}\) not done\)"
+        late = rf"training step 2 took more than 3 s \(worker rank 0 \(pid {pids[0]}\) on rows 0:4 of the batch not done\)"
         with pytest.raises(gc.GraphcError, match=late):
             dp.step(batch)
         assert time.monotonic() - start < 3 + 5 and dp.step_count == 1
@@ -857,6 +884,82 @@ def test_a_stopped_worker_times_out_naming_it_and_shutdown_ends_it(ray_cluster):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pids[0], signal.SIGCONT)
+
+
+def test_a_nan_in_one_workers_shard_names_the_input_its_data_row_and_the_worker(ray_cluster):
+    """The driver holds only stand-ins for a loader's batch (the workers read their rows), so the
+    error said "lower the learning rate or check the data" where one process names the NaN's
+    input and data row."""
+    arts = _arts("mlp", "sgd-momentum")
+    data = _data("mlp", 16)
+    data["x"][13, 5] = np.nan  # batch 2, row 5: rank 1's shard (rows 4:8)
+    single, dp = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, **WORKER)
+    errors = []
+    for trainer in (single, dp):
+        with pytest.raises(gc.runtime.trainer.TrainingFailed) as failed:
+            trainer.fit(gc.data.DataLoader(data, batch_size=8, shuffle=False), epochs=1, progress=False)
+        errors.append(str(failed.value))
+    one = ("the loss became nan at step 2 (epoch 1, batch 2); the batch's 'x' holds nan at (5, 5) (row 13 of the "
+           "loader's data")
+    then = "), which the step carried into the loss and the params"
+    assert errors[0].startswith(one + then)
+    assert errors[1].startswith(f"{one}; in the shard of worker rank 1 (pid {dp.worker_pids()[1]}), rows 4:8 of the "
+                                f"batch{then}")
+    dp.shutdown()
+
+
+def test_an_address_other_than_the_joined_clusters_is_refused_and_its_own_is_taken(ray_cluster):
+    """Ray keeps one connection per process: a ray_address naming another cluster was ignored,
+    and the workers ran on the cluster joined first without a word."""
+    arts = _arts("mlp", "sgd-momentum")
+    joined = ray_cluster.get_runtime_context().gcs_address
+    other = r"ray_address='127.0.0.1:1', but this process is already connected to the Ray cluster at " + \
+        rf"'{joined}' \(ray.init\(\) was called.*call ray.shutdown\(\) first"
+    with pytest.raises(gc.GraphcError, match=other):
+        gc.Trainer(arts, **WORKER, ray_address="127.0.0.1:1")
+    with pytest.raises(gc.GraphcError, match="already connected"):
+        gc.distributed.map_batches(arts.inference, {"x": np.zeros((4, 64), np.float32)}, workers=1,
+                                   ray_address="ray://127.0.0.1:10001")
+    for address in (joined.replace("127.0.0.1", "localhost"), "auto"):
+        trainer = gc.Trainer(arts, **WORKER, ray_address=address)
+        assert np.isfinite(trainer.step(_data("mlp", 4)))
+        trainer.shutdown()
+
+
+def test_a_trainer_whose_ray_was_shut_down_says_so_at_once(ray_cluster, tmp_path):
+    """After ray.shutdown() (and a ray.init() again) a step retried for seconds, then raised Ray's
+    bare "Exception: Failed to submit task to actor ... Can't find actor"; shutdown() raised too. A
+    driver of its own joins the module's cluster, which ray.shutdown() here would stop."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time, numpy as np, ray, graphc as gc\n"
+        "from graphc.models.two_layer_net import TwoLayerNet\n"
+        "model = gc.capture(TwoLayerNet(8, 4, 3), x=gc.spec('float32', ('N', 8)))\n"
+        "arts = gc.training.generate(model, gc.losses.cross_entropy('output', label='y'), gc.optim.SGD(0.1))\n"
+        "batch = {'x': np.ones((4, 8), np.float32), 'y': np.zeros(4, np.int64)}\n"
+        "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        "trainer = gc.Trainer(arts, workers=2, num_cpus=0.25, backend='numpy', timeout_s=60)\n"
+        "trainer.step(batch)\n"
+        "ray.shutdown()\n"
+        "for again in (False, True):\n"
+        "    if again:\n"
+        "        ray.init(address=sys.argv[1], log_to_driver=False)  # the same cluster, another job\n"
+        "    start = time.monotonic()\n"
+        "    try:\n"
+        "        trainer.step(batch)\n"
+        "    except gc.GraphcError as exc:\n"
+        "        print(f'{time.monotonic() - start:.1f}', exc)\n"
+        "trainer.shutdown()\n"
+        "print('shut down')\n")
+    done = subprocess.run([sys.executable, str(script), ray_cluster.get_runtime_context().gcs_address],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[2] == "shut down", (done.stdout, done.stderr[-3000:])
+    for line in lines[:2]:
+        seconds, message = line.split(" ", 1)
+        assert float(seconds) < 1 and message == ("Ray was shut down (ray.shutdown()) since this trainer started its "
+                                                  "workers, and they went with it; make a new gc.Trainer, from a "
+                                                  "checkpoint to go on")
 
 
 def _stop():

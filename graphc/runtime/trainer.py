@@ -802,9 +802,14 @@ class Trainer:
             return "lower the learning rate or check the data"
         name, at, value = found
         row = loader.sample(self.epoch, self.batch_in_epoch, at[0]) if at else None
-        return (f"the batch's {name!r} holds {value} at {at}" + (f" (row {row} of the loader's data)" if at else "")
-                + ", which the step carried into the loss and the params, as torch's would: clean the data "
-                "(np.isfinite) before training")
+        where = f" (row {row} of the loader's data{self._row_holder(batch, name, at[0])})" if at else ""
+        return (f"the batch's {name!r} holds {value} at {at}{where}, which the step carried into the loss and the "
+                "params, as torch's would: clean the data (np.isfinite) before training")
+
+    def _row_holder(self, batch: Mapping[str, np.ndarray], name: str, row: int) -> str:
+        """Which worker ran row ``row`` of ``batch``'s input ``name``, said after the data's row:
+        none here (one process); data-parallel workers name the shard's."""
+        return ""
 
     def _step_scheduler(self, loss: float) -> None:
         """Step ``self.scheduler``: ReduceLROnPlateau watching ``loss``, the others by one."""

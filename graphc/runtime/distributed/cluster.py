@@ -44,6 +44,8 @@ def connect(address: Optional[str], feature: str):
         if address is None:
             os.environ.setdefault(key, value)
     ray = require_ray(feature)
+    if ray.is_initialized() and address not in (None, "auto"):
+        _check_joined(ray, address)
     if not ray.is_initialized():
         if address is not None:
             _probe(address)
@@ -56,6 +58,44 @@ def connect(address: Optional[str], feature: str):
             where = f"reach the Ray cluster at {address!r}" if address else "start a local Ray cluster"
             raise GraphcError(f"cannot {where}: {exc}") from None
     return ray
+
+
+def _check_joined(ray, address: str) -> None:
+    """Refuse ``address`` when this process already joined another cluster (``ray.init`` was
+    called, by the user or an earlier trainer): Ray keeps one connection per process, so graphc
+    would otherwise run on that cluster, not the one asked for. A Ray Client connection
+    (``ray://``) cannot be told apart from the inside: it is taken as given."""
+    import ray.util.client
+
+    if ray.util.client.ray.is_connected():
+        return
+    joined = ray.get_runtime_context().gcs_address
+    if not address.startswith("ray://") and _endpoint(address) == _endpoint(joined):
+        return
+    raise GraphcError(f"ray_address={address!r}, but this process is already connected to the Ray cluster at "
+                      f"{joined!r} (ray.init() was called, or an earlier gc.Trainer or map_batches connected), and "
+                      "Ray holds one connection per process: call ray.shutdown() first, or leave ray_address out "
+                      "(or pass 'auto') to use the cluster already joined")
+
+
+def _endpoint(address: str) -> tuple[str, str]:
+    """``host:port`` as (IP address, port); a host that does not resolve stays as written."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        host = socket.gethostbyname(host)
+    except OSError:
+        pass
+    return host, port
+
+
+def session_of(ray) -> Optional[tuple[str, str]]:
+    """This process's Ray connection as (cluster session, job), None when it has none: actors
+    started under one are gone once it is shut down (``ray.shutdown()``), whatever joined after."""
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    return context.get_session_name(), context.get_job_id()
 
 
 def _probe(address: str) -> None:
@@ -103,44 +143,59 @@ def check_resources(ray, workers: int, num_cpus: float, num_gpus: float, timeout
 
 def get(ray, refs: Any, timeout: Optional[float], what: str, who: Optional[Sequence[str]] = None) -> Any:
     """``ray.get`` that turns a dead worker into ``WorkerLost``, a worker's graphc error into
-    that error itself, and a time-out into an error naming ``what``; ``who`` names the worker
-    (or batch) of each of ``refs`` (a list), and the errors name those that died or are late."""
+    that error itself, named after the worker that raised it, and a time-out into an error naming
+    ``what``; ``who`` names the worker (or batch) of each of ``refs`` (a list), and the errors name
+    those that died, failed or are late."""
     from ray import exceptions as rex
 
     try:
         return ray.get(refs, timeout=timeout)
     except (rex.RayActorError, rex.WorkerCrashedError) as exc:
-        lost = _named(ray, refs, who, lost=True) or "a Ray worker"
+        lost = _named(ray, refs, who, (rex.RayActorError, rex.WorkerCrashedError)) or "a Ray worker"
         raise WorkerLost(f"{lost} died during {what}: {str(exc).splitlines()[0]}") from None
     except rex.RayTaskError as exc:
         cause = exc.cause
-        if isinstance(cause, GraphcError):
-            raise cause from None
-        raise
+        if not isinstance(cause, GraphcError):
+            raise
+        failed = _named(ray, refs, who, (rex.RayTaskError,))
+        if failed and len(cause.args) == 1 and isinstance(cause.args[0], str):
+            cause.args = (f"{failed} failed during {what}: {cause.args[0]}",)
+        raise cause from None
     except rex.GetTimeoutError:
-        late = _named(ray, refs, who, lost=False)
+        late = _named(ray, refs, who, None)
         late = f" ({late} not done)" if late else ""
         raise GraphcError(f"{what} took more than {timeout:g} s{late}; raise timeout_s or check the cluster") from None
 
 
-def _named(ray, refs: list, who: Optional[Sequence[str]], lost: bool) -> str:
-    """The names in ``who`` of the ``refs`` whose worker died (``lost``), else of those not done."""
-    from ray import exceptions as rex
+def settle(ray, refs: list) -> None:
+    """Read what each of ``refs`` that is done holds, dropping its error: a call that failed left
+    one in every object it returns, and Ray logs an error never read ("Unhandled error", with the
+    worker's traceback) once its object is freed, after graphc raised it already."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001, S110 - the error was raised from another of the call's objects
+            pass
 
+
+def _named(ray, refs: list, who: Optional[Sequence[str]], errors: Optional[tuple]) -> str:
+    """The names in ``who`` of the ``refs`` that hold one of ``errors`` (a worker that died, or a
+    task that raised), else (``errors`` None) of those not done."""
     if who is None:
         return ""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
     done, names = set(ready), []
     for ref, name in zip(refs, who):
-        if not lost:
+        if errors is None:
             if ref not in done:
                 names.append(name)
             continue
         try:
             if ref in done:
                 ray.get(ref, timeout=0)
-        except (rex.RayActorError, rex.WorkerCrashedError):
+        except errors:
             names.append(name)
-        except Exception:  # noqa: BLE001 - another error is not this worker's death
+        except Exception:  # noqa: BLE001 - another error is not this worker's
             pass
     return ", ".join(names)

@@ -8,7 +8,7 @@ import numpy as np
 
 from graphc.runtime.averaging import examples, shard_weight
 
-__all__ = ["bounds_of", "joined"]
+__all__ = ["bounds_of", "joined", "spans"]
 
 
 def bounds_of(rows: int, workers: int, whole: bool = False, pairs: bool = False) -> list[tuple[int, int]]:
@@ -19,7 +19,12 @@ def bounds_of(rows: int, workers: int, whole: bool = False, pairs: bool = False)
     sizes = [len(part) for part in np.array_split(np.arange(rows), shards)] + [0] * (workers - shards)
     if whole:
         sizes = [rows] + [0] * (workers - 1)
-    ends = np.cumsum([0] + sizes)
+    return spans(sizes)
+
+
+def spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """(first row, end row) of consecutive shards of ``sizes`` rows from row 0."""
+    ends = np.cumsum([0, *sizes])
     return [(int(lo), int(hi)) for lo, hi in zip(ends[:-1], ends[1:])]
 
 

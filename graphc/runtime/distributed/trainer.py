@@ -48,14 +48,14 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.runtime import metrics as metrics_lib
-from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
+from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, session_of, settle
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
-from graphc.runtime.distributed.shards import bounds_of, joined
+from graphc.runtime.distributed.shards import bounds_of, joined, spans
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
@@ -163,6 +163,7 @@ class DistributedTrainer(Trainer):
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
+        self._session = session_of(self._ray)
         self._actors = [self._actor.remote(rank) for rank in range(self.workers)]
         self._who = [f"worker rank {rank}" for rank in range(self.workers)]
         started = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
@@ -178,20 +179,27 @@ class DistributedTrainer(Trainer):
         if self._actors is None:
             raise GraphcError("this trainer was shut down (shutdown()), its workers are gone; make a new gc.Trainer, "
                               "from a checkpoint to go on")
+        if session_of(self._ray) != self._session:  # Ray would retry for seconds, then raise a bare Exception
+            raise GraphcError("Ray was shut down (ray.shutdown()) since this trainer started its workers, and they "
+                              "went with it; make a new gc.Trainer, from a checkpoint to go on")
         return self._actors
 
-    def _get(self, refs: Any, what: str) -> Any:
-        """``get`` naming the workers that die or are late by rank and pid (``refs``: one per
-        worker from rank 0, or rank 0's)."""
+    def _get(self, refs: Any, what: str, messages: Optional[list[dict]] = None) -> Any:
+        """``get`` naming the workers that die, fail or are late by rank and pid, and by the rows of
+        the batch each had where ``messages`` (``_messages``) are given (``refs``: one per worker
+        from rank 0, or rank 0's)."""
         single = not isinstance(refs, list)
-        got = get(self._ray, [refs] if single else refs, self.timeout_s, what, self._who)
+        who = self._who if messages is None else [f"{name} on rows {lo}:{hi} of the batch" for name, (lo, hi)
+                                                  in zip(self._who, spans([m["rows"] for m in messages]))]
+        got = get(self._ray, [refs] if single else refs, self.timeout_s, what, who)
         return got[0] if single else got
 
     def _sync(self) -> None:
         """Apply the last step's update, which the workers otherwise apply at the next step, then
         set what waited for it (``_later``)."""
         if self._pending:
-            self._get([r.apply.remote(self.step_count, *self._pending) for r in self._replicas], "the optimizer update")
+            self._get([r.apply.remote(self.step_count, *self._pending) for r in self._replicas],
+                      f"the optimizer update of step {self.step_count}")
             self._pending = []
         if self._later:
             self._get([r.set.remote(self._later) for r in self._replicas], "setting lr")
@@ -200,8 +208,9 @@ class DistributedTrainer(Trainer):
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected); the trainer
         cannot be used after."""
-        for replica in self._actors or ():
-            self._ray.kill(replica)
+        if session_of(self._ray) == self._session:  # else ray.shutdown() ended them
+            for replica in self._actors or ():
+                self._ray.kill(replica)
         self._actors, self._pending = None, []
 
     def worker_pids(self) -> list[int]:
@@ -221,9 +230,8 @@ class DistributedTrainer(Trainer):
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
             self._refuse_step(feeds)
-        rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
-        bounds = joined(self.manifest.loss, bounds_of(rows, self.workers, whole, pairs=noise and self._pairs), feeds)
+        bounds = self._bounds(feeds, noise, whole)
         self._refuse_split_classes(feeds, bounds)
         out = []
         for lo, hi in bounds:
@@ -238,6 +246,12 @@ class DistributedTrainer(Trainer):
                 message["noise"] = self._noise_shapes(shard, shard)
             out.append(message)
         return out
+
+    def _bounds(self, feeds: Mapping[str, np.ndarray], train: bool, whole: bool = False) -> list[tuple[int, int]]:
+        """(first row, end row) of each worker's shard of the batch ``feeds``, for a train step or
+        (not ``train``) an evaluation; ``whole``: all on rank 0."""
+        rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
+        return joined(self.manifest.loss, bounds_of(rows, self.workers, whole, pairs=train and self._pairs), feeds)
 
     def _refuse_split_classes(self, feeds: Mapping[str, np.ndarray], bounds: list[tuple[int, int]]) -> None:
         """Refuse a cross-entropy whose class count C follows the rows a worker gets (logits
@@ -276,13 +290,31 @@ class DistributedTrainer(Trainer):
             for message in messages:
                 message["renorm_rows"] = len(rows)
             calls = self._step_calls(messages, rows)
-            infos = self._get([info for info, _ in calls], "a training step")
+            try:
+                infos = self._get([info for info, _ in calls], f"training step {self.step_count + 1}", messages)
+            except GraphcError:
+                settle(self._ray, [grads for _, grads in calls])
+                raise
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = [grads for _, grads in calls], {}
             self.step_count += 1
             if metrics:
                 self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
+
+    def _non_finite_cause(self, loader, batch: Mapping[str, np.ndarray]) -> str:
+        """``Trainer``'s, on the batch's data: a ``LoaderBatch`` holds stand-ins (each worker reads
+        its own rows), so the driver reads the batch now, once its loss is NaN or infinite."""
+        if isinstance(batch, LoaderBatch):
+            loader, batch = loader.loader, loader.loader.batch(batch.epoch, batch.index)
+        return super()._non_finite_cause(loader, batch)
+
+    def _row_holder(self, batch: Mapping[str, np.ndarray], name: str, row: int) -> str:
+        if name not in self._rows:
+            return ""
+        bounds = self._bounds(self._batch_feeds(batch, self.batch_specs), train=True)
+        rank, (lo, hi) = next((r, b) for r, b in enumerate(bounds) if b[0] <= row < b[1])
+        return f"; in the shard of {self._who[rank]}, rows {lo}:{hi} of the batch"
 
     def _step_calls(self, messages: list[dict], rows: list) -> list:
         """Each worker's step call, given ``rows`` (every worker's ``renorm_rows`` refs) and the last
@@ -339,7 +371,7 @@ class DistributedTrainer(Trainer):
         messages = self._messages(batch, specs, noise=False, whole=bool(self._whole))
         rows = [r.renorm_rows.remote(m, EVAL_ROWS) for r, m in zip(self._replicas, messages)] if self._renorm else []
         refs = [r.predict.remote(m["shard"], m["rows"], *rows) for r, m in zip(self._replicas, messages)]
-        done = [r for r in self._get(refs, "evaluation") if r is not None]
+        done = [r for r in self._get(refs, "evaluation", messages) if r is not None]
         out = {}
         if "loss" in done[0]:
             total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
