@@ -440,14 +440,14 @@ class DistributedTrainer(Trainer):
                 partial = self._history
                 earlier.epochs += [e for e in partial.epochs if e.epoch <= epoch]
                 earlier.step_losses = (earlier.step_losses + partial.step_losses)[: step - start_step]
-                warnings.warn(f"{exc}; restarting the {self.workers} workers from step {step} "
+                warnings.warn(f"{str(exc).rstrip('.')}; restarting the {self.workers} workers from step {step} "
                               f"(restart {attempt + 1} of {self.max_restarts})", stacklevel=2)
                 self._restart()
                 continue
             history.epochs = earlier.epochs + history.epochs
             history.step_losses = earlier.step_losses + history.step_losses
             return history
-        raise TrainingFailed(f"{lost}; gave up after {self.max_restarts} restart(s) of the workers")
+        raise TrainingFailed(f"{str(lost).rstrip('.')}; gave up after {self.max_restarts} restart(s) of the workers")
 
     def _fit_epoch(self, loader, history: History, *args: Any) -> None:
         """The epoch as ``Trainer._fit_epoch``, from the state ``_remember`` keeps (the last
