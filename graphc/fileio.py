@@ -5,7 +5,8 @@ target, named ``.<target name>.tmp-<thread id>-<pid>``; it is fsync'ed, then ``o
 over the target, and the folder is fsync'ed so the rename survives a power loss. Temps of the
 same target whose writer is gone (killed, even by SIGKILL) match that pattern and are removed by
 the next write, or ``remove_stale_temps``: only entries of that pattern, only in the target's folder.
-An ``OSError`` on the temp names the target instead (the user asked for the target, not the temp).
+Folders a write makes for its target (``made_folders``) go again, where still empty, when it fails
+or is interrupted. An ``OSError`` on the temp names the target instead (the user asked for the target, not the temp).
 """
 
 from __future__ import annotations
@@ -29,16 +30,17 @@ def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
     target = Path(path)
     if target.is_dir():
         raise IsADirectoryError(f"cannot write {target}: it is a directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(target)
-    tmp = temp_path(target)
-    try:
-        with _naming(tmp, target):
-            write_synced(tmp, data, mode)
-            os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with made_folders(target.parent):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(target)
+        tmp = temp_path(target)
+        try:
+            with _naming(tmp, target):
+                write_synced(tmp, data, mode)
+                os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     fsync_dir(target.parent)
     return target
 
@@ -48,15 +50,40 @@ def scratch_dir(target: PathLike) -> Iterator[Path]:
     """A fresh temp folder beside ``target`` (stale ones of the target removed first) for a
     writer that fills it, fsyncs (``sync_tree``) and moves its files into place; removed on exit."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(target)
-    tmp = temp_path(target)
+    with made_folders(target.parent):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(target)
+        tmp = temp_path(target)
+        try:
+            with _naming(tmp, target):
+                tmp.mkdir()
+                yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def made_folders(folder: PathLike) -> Iterator[None]:
+    """Around a write into ``folder``: where the block fails or is interrupted (any exception,
+    Ctrl-C too), ``folder`` and its parents that did not exist on entry are removed again while
+    empty, the deepest first, so a write that did not happen leaves no new folder behind. Folders
+    that held something before, or hold something now, stay."""
+    folder = Path(folder).absolute()
+    missing = []
+    for path in (folder, *folder.parents):  # the deepest first, up to the nearest that exists
+        if os.path.lexists(path):
+            break
+        missing.append(path)
     try:
-        with _naming(tmp, target):
-            tmp.mkdir()
-            yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield
+    except BaseException:
+        for path in missing:
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty (another writer's files), or already gone
+                if os.path.lexists(path):
+                    break
+        raise
 
 
 @contextmanager

@@ -71,7 +71,8 @@ from graphc.compile.amp import autocast_dtype, loss_scale_json
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
-from graphc.fileio import OutsideFolder, confined, fsync_dir, remove_stale_temps, scratch_dir, write_synced
+from graphc.fileio import (OutsideFolder, confined, fsync_dir, made_folders, remove_stale_temps, scratch_dir,
+                           write_synced)
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
@@ -358,15 +359,15 @@ class TrainingArtifacts:
     def save(self, directory: Union[str, os.PathLike]) -> Path:
         """Write the files (six, or seven with ``noise_shapes``) into ``directory``. All are
         written and synced in a temp folder inside it first, then renamed over the old ones,
-        ``manifest.json`` last: a save that fails (a full disk, an error) changes nothing, where
-        replacing the files one by one had left a folder of new graphs and the old state."""
+        ``manifest.json`` last: a save that fails (a full disk, an error, Ctrl-C) changes nothing,
+        where replacing the files one by one had left a folder of new graphs and the old state; a
+        ``directory`` it made is removed again. Files of an earlier save there are replaced."""
         from safetensors.numpy import save as st_save
 
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise FileExistsError(f"cannot save training artifacts into {directory}: it is a file; give a folder")
-        directory.mkdir(parents=True, exist_ok=True)
-        with scratch_dir(directory / MANIFEST_FILE) as tmp:
+        with made_folders(directory), scratch_dir(directory / MANIFEST_FILE) as tmp:
             for key, model in self.graphs.items():
                 model.save(tmp / GRAPH_FILES[key])
             state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d

@@ -156,7 +156,6 @@ class Model:
         if path.is_dir():
             raise IsADirectoryError(f"cannot save the model as {path}: it is a directory; give a file path such "
                                     f"as {path / 'model.onnx'}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         if external_data is None:
             external_data = _initializer_bytes(self._ir) > EXTERNAL_DATA_THRESHOLD
         saved_ir_version = self._ir.ir_version

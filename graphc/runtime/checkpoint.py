@@ -215,7 +215,6 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     from safetensors.numpy import save as st_save
 
     target = check_writable(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.asarray(a, order="C") for name, a in tensors.items()}
     meta = meta.model_copy(update={"format": FORMAT, "digest": ""})
     meta = meta.model_copy(update={"digest": _digest(arrays, meta)})

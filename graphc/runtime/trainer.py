@@ -59,6 +59,7 @@ import numpy as np
 import onnx
 
 from graphc.errors import ArtifactsError, GraphcError, InputError
+from graphc.fileio import made_folders
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
@@ -1051,13 +1052,14 @@ class Trainer:
         """Write params, optimizer state, step, loop position, the epoch's running sums and RNG
         states to ``path`` (a ``.safetensors`` file, or a directory that also holds the training
         graphs, replaced with it where other graphs are there: ``checkpoint_folder``)
-        atomically. A checkpoint of other training graphs there is not overwritten."""
+        atomically; a folder it makes for them is removed again if the save fails or is
+        interrupted. A checkpoint of other training graphs there is not overwritten."""
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
         target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from)
         self._tally_skips()
-        with checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
+        with made_folders(target.parent), checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
             meta = ckpt.CheckpointMeta(
                 step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
                 loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,

@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from graphc.model.dtypes import TensorSpec
 from graphc.errors import GraphError, ModelLoadError
-from graphc.fileio import atomic_write, fsync_dir, scratch_dir
+from graphc.fileio import atomic_write, fsync_dir, made_folders, scratch_dir
 from graphc.model import Model, load
 from graphc.model.file import distinct_subgraph_outputs, unique_node_names
 from graphc.model.quantizers import without_record
@@ -282,32 +282,33 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     root = Path(repo_dir).resolve()
     model_dir = root / name
     created, version_dir = False, None  # what this call made, removed again if a later step fails
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _real_dir(root, root)
+    with made_folders(root):  # a repository folder this call makes goes again on a failure
         try:
-            os.mkdir(model_dir, 0o755)
-            created = True
-        except FileExistsError:
-            _real_dir(model_dir, root)
-        # Staged under the next version's temp name (so a later deploy removes one a killed deploy
-        # left); the number is taken only when it is renamed in, under the repository's lock.
-        with scratch_dir(_next_version(model_dir)) as staged:
-            model.save(staged / "model.onnx", external_data=external_data)
-            os.chmod(staged, 0o755)
-            with _repository_lock(root):
-                version_dir = _claim_version(staged, model_dir)
-                atomic_write(model_dir / "config.pbtxt", config.encode())
-    except BaseException as exc:
-        # Only what this call wrote goes: its version folder, and the model folder it made if
-        # nothing else is in it (a concurrent deploy's versions and config stay).
-        if version_dir is not None:
-            shutil.rmtree(version_dir, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                os.rmdir(model_dir)
-        if isinstance(exc, OSError):
-            raise GraphError(f"cannot write model {name!r} into the repository {root}: {exc.strerror or exc}"
-                             + (f" ({exc.filename})" if exc.filename else "")) from None
-        raise
+            root.mkdir(parents=True, exist_ok=True)
+            _real_dir(root, root)
+            try:
+                os.mkdir(model_dir, 0o755)
+                created = True
+            except FileExistsError:
+                _real_dir(model_dir, root)
+            # Staged under the next version's temp name (so a later deploy removes one a killed deploy
+            # left); the number is taken only when it is renamed in, under the repository's lock.
+            with scratch_dir(_next_version(model_dir)) as staged:
+                model.save(staged / "model.onnx", external_data=external_data)
+                os.chmod(staged, 0o755)
+                with _repository_lock(root):
+                    version_dir = _claim_version(staged, model_dir)
+                    atomic_write(model_dir / "config.pbtxt", config.encode())
+        except BaseException as exc:
+            # Only what this call wrote goes: its version folder, and the model folder it made if
+            # nothing else is in it (a concurrent deploy's versions and config stay).
+            if version_dir is not None:
+                shutil.rmtree(version_dir, ignore_errors=True)
+            if created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(model_dir)
+            if isinstance(exc, OSError):
+                raise GraphError(f"cannot write model {name!r} into the repository {root}: {exc.strerror or exc}"
+                                 + (f" ({exc.filename})" if exc.filename else "")) from None
+            raise
     return model_dir
