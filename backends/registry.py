@@ -30,6 +30,16 @@ def _info(name: str) -> BackendInfo:
     return backend.info()
 
 
+def _meant(name: str) -> str:
+    """The end of an unknown backend's error: for a name that asks for the GPU (``ort-gpu``,
+    ``cuda``), the CUDA backend, which spelling alone would miss (``ort-gpu`` is 1 edit from
+    ``ort-cpu``); else the close name, if any (``did_you_mean``)."""
+    cuda = [backend for backend in BACKENDS if "cuda" in backend]
+    if cuda and any(word in name.lower() for word in ("gpu", "cuda")):
+        return f" (did you mean {cuda[0]!r}, the GPU backend?)"
+    return did_you_mean(name, ["auto", *BACKENDS])
+
+
 def list_backends() -> list[BackendInfo]:
     """Every registered backend with its availability on this machine."""
     return [_info(name) for name in BACKENDS]
@@ -46,7 +56,7 @@ def get_backend(name: str = "auto") -> Backend:
         raise BackendUnavailable(f"no backend is available ({reasons})")
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(['auto', *BACKENDS])}"
-                                 f"{did_you_mean(name, ['auto', *BACKENDS])}")
+                                 f"{_meant(name)}")
     info = _info(name)
     if not info.available:
         raise BackendUnavailable(f"backend {name!r} is not available here: {info.reason}")

@@ -2,12 +2,15 @@
 answered with the close one, an out-of-range option with the value given, an ONNX model given to
 `graphc train` named as such. Each fails before anything is written."""
 
+import numpy as np
 import pytest
 
 import graphc as gc
 from graphc.errors import did_you_mean
 
 from cli_util import one_line_error, run_cli, workspace
+
+RNG = np.random.default_rng(0)
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +89,89 @@ def test_train_of_a_missing_path_says_nothing_is_there(ws, capsys):
     err = one_line_error(run_cli(capsys, "train", ws / "nothing", "--data", ws / "data.npz", "--epochs", "1",
                                  "--batch-size", "8"))
     assert f"FileNotFoundError: {ws / 'nothing'}: no such artifact directory or checkpoint" in err, err
+
+
+def _interrupt(*_, **__):
+    raise KeyboardInterrupt
+
+
+INTERRUPTED = {  # command -> (its command line, what Ctrl-C cuts short, the line said)
+    "capture": (["capture", "{ws}/net.py:Net", "-i", "x:float32[N,4]", "-o", "{ws}/c.onnx"], "graphc.Model.save",
+                "interrupted: nothing written"),
+    "run": (["run", "{ws}/mlp.onnx", "-i", "x={ws}/x.npy", "-o", "{ws}/r.npz"], "graphc.fileio.write_synced",
+            "interrupted: nothing written"),
+    "optimize": (["optimize", "{ws}/mlp.onnx", "-o", "{ws}/o.onnx"], "graphc.Model.save",
+                 "interrupted: nothing written"),
+    "grad, after its save": (["grad", "{ws}/mlp.onnx", "--loss", "mse:logits", "-o", "{ws}/g2"],
+                             "graphc.cli.grad_cmds.console.print", "interrupted after writing {ws}/g2 (kept)"),
+    "train": (["train", "{ws}/arts", "--data", "{ws}/data.npz", "--epochs", "1", "--batch-size", "8", "-q"],
+              "graphc.Trainer.fit", "interrupted at step 0; no --checkpoint given: the trained params were not saved"),
+}
+
+
+@pytest.mark.parametrize("case", INTERRUPTED)
+def test_ctrl_c_in_any_command_says_what_was_written(ws, capsys, monkeypatch, case):
+    """Before, every command but a checkpointing `train` exited 130 saying nothing (typer's handling)."""
+    args, target, said = INTERRUPTED[case]
+    np.save(ws / "x.npy", RNG.standard_normal((3, 8)).astype(np.float32))
+    monkeypatch.setattr(target, _interrupt)
+    result = run_cli(capsys, *[a.format(ws=ws) for a in args])
+    assert result.code == 130 and result.err.strip() == said.format(ws=ws), result
+    assert not any((ws / name).exists() for name in ("c.onnx", "r.npz", "o.onnx"))
+
+
+FOLDER_WRITERS = {  # command -> (its command line writing under {new}, what Ctrl-C cuts short)
+    "grad": (["grad", "{ws}/mlp.onnx", "--loss", "mse:logits", "-o", "{new}/g"], "graphc.compile.training.write_synced"),
+    "export": (["export", "{ws}/arts", "-o", "{new}/e.onnx", "--allow-untrained"], "graphc.model.sync_tree"),
+    "deploy": (["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{new}/repo", "--name", "m"], "graphc.model.sync_tree"),
+    "train checkpoint": (["train", "{ws}/arts", "--data", "{ws}/data.npz", "--epochs", "1", "--batch-size", "8",
+                          "-q", "--checkpoint", "{new}/ck"], "graphc.runtime.checkpoint.atomic_write"),
+}
+
+
+@pytest.mark.parametrize("case", FOLDER_WRITERS)
+def test_ctrl_c_while_saving_leaves_no_new_folder(ws, tmp_path, capsys, monkeypatch, case):
+    """Before, `grad -o new/g` made new/g, then saved into a temp folder inside it: a Ctrl-C in the
+    save left the empty folders (export and deploy their parents, train its checkpoint folder)."""
+    args, target = FOLDER_WRITERS[case]
+    monkeypatch.setattr(target, _interrupt)
+    result = run_cli(capsys, *[a.format(ws=ws, new=tmp_path / "new") for a in args])
+    assert result.code == 130 and len(result.err.strip().splitlines()) == 1, result
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (["run", "{ws}/mlp.onnx", "-i", "x={ws}/x.npy", "-o", "{ws}"],
+     "-o/--output {ws}: a folder, not a file; expected a file path such as {ws}/outputs.npz"),
+    (["capture", "{ws}/net.py:Net", "-i", "x:float32[N,4]", "-o", "{ws}"],
+     "-o/--output {ws}: a folder, not a file; expected a file path such as {ws}/model.onnx"),
+    (["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{ws}/data.npz", "--name", "m"],
+     "--repo {ws}/data.npz: a file, not a folder"),
+    (["deploy", "triton", "{ws}/arts", "--repo", "{ws}/repo", "--name", "m"],
+     "{ws}/arts: training artifacts, not an ONNX model; write its inference model first: graphc export {ws}/arts "
+     "-o model.onnx"),
+    (["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{ws}/repo", "--name", "m", "--dynamic-batching"],
+     "--dynamic-batching lets Triton merge requests along dim 0, which needs --max-batch-size N > 0 too"),
+])
+def test_an_output_or_model_of_the_wrong_kind_is_named_by_its_option(ws, capsys, args, said):
+    """Before: `IsADirectoryError: cannot write {ws}`, `cannot write model 'm' into the repository
+    ...: File exists`, `ModelLoadError: arts: not a file (a folder or a device)` and the API's
+    `dynamic_batching needs max_batch_size > 0`, none naming the option given."""
+    np.save(ws / "x.npy", RNG.standard_normal((3, 8)).astype(np.float32))
+    err = one_line_error(run_cli(capsys, *[a.format(ws=ws) for a in args]))
+    assert said.format(ws=ws) in err, err
+    assert not (ws / "repo").exists()
+
+
+@pytest.mark.parametrize("given", ["ort-gpu", "gpu", "CUDA"])
+def test_a_gpu_backend_typo_is_answered_with_the_cuda_backend(ws, capsys, given):
+    """Before, `-b ort-gpu` was 1 edit from ort-cpu: "(did you mean 'ort-cpu'?)"."""
+    err = one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "-b", given))
+    assert "(did you mean 'ort-cuda', the GPU backend?)" in err, err
+
+
+def test_a_misspelled_submodule_is_answered_with_the_module_child(ws, capsys):
+    """Before, nothing was suggested: dir() of a Module does not list its children."""
+    err = one_line_error(run_cli(capsys, "capture", f"{ws}/net.py:net.fcc", "-i", "x:float32[N,4]", "-o",
+                                 ws / "c.onnx"))
+    assert "net.py has no object 'net.fcc' (did you mean 'fc'?)" in err, err

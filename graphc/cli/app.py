@@ -84,12 +84,15 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def check_writable_at(path: Path, option: str, file: bool = False) -> None:
+def check_writable_at(path: Path, option: str, file: Optional[str] = None, folder: bool = False) -> None:
     """Refuse up front an output ``path`` that cannot be written: one under a file (its folders
-    cannot be made), or with ``file`` a folder itself. Found only when writing, that failed
-    `graphc train --plot` after the whole run, ``--log`` after its first epoch."""
-    if file and path.is_dir():
-        raise InputError(f"{option} {path}: a folder, not a file")
+    cannot be made); where a file is written (``file``: an example name, ``model.onnx``) a folder,
+    where a ``folder`` is, a file. Found only when writing, that failed `graphc train --plot` after
+    the whole run, ``--log`` after its first epoch, and named no option."""
+    if file is not None and path.is_dir():
+        raise InputError(f"{option} {path}: a folder, not a file; expected a file path such as {path / file}")
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path}: a file, not a folder; expected a folder (made where missing)")
     for parent in path.parents:  # the nearest first
         if parent.exists():
             if not parent.is_dir():
@@ -98,9 +101,10 @@ def check_writable_at(path: Path, option: str, file: bool = False) -> None:
 
 
 def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional[Path] = None,
-                  required: bool = True) -> Optional[Path]:
+                  required: bool = True, file: Optional[str] = None, folder: bool = False) -> Optional[Path]:
     """The path given by ``-o/--output`` or its alias ``--out`` (not two different ones), else
-    ``default``; with neither and no default, an error when ``required``."""
+    ``default``; with neither and no default, an error when ``required``. ``file`` (an example name
+    for the error) or ``folder``: what the command writes there (``check_writable_at``)."""
     if output is not None and out is not None and output != out:
         raise ValueError(f"-o/--output {output} and --out {out} name two outputs; --out is an alias of "
                          "--output: give one")
@@ -108,7 +112,7 @@ def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional
     if chosen is None and required:
         raise ValueError("missing option -o/--output: where to write the result")
     if chosen is not None:
-        check_writable_at(chosen, "-o/--output")
+        check_writable_at(chosen, "-o/--output", file, folder)
     return chosen
 
 

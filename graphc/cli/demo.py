@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from graphc.cli.interrupted import wrote
 from graphc.models.data import load_digits
 from graphc.runtime.progress import plural
 
@@ -57,21 +58,20 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     import graphc as gc
 
     console = console or Console()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)  # made by the first save: an interrupt before it leaves no empty folder
     start = time.perf_counter()
     digits = load_digits()
 
     console.rule("[bold]graphc demo: a two-layer net on handwritten digits")
     model = _capture(seed)
-    paths = {"captured model": model.save(out / "two_layer_net.onnx")}
+    paths = {"captured model": wrote(model.save(out / "two_layer_net.onnx"))}
     output = model.outputs[0].name
     console.print(escape(f"1. captured {model!r}"), highlight=False, soft_wrap=True)
 
     t0 = time.perf_counter()
     arts = gc.training.generate(model, gc.losses.cross_entropy(output, label="y"),
                                 gc.optim.SGD(LR, momentum=MOMENTUM))
-    paths["training artifacts"] = arts.save(out / "artifacts")
+    paths["training artifacts"] = wrote(arts.save(out / "artifacts"))
     console.print(f"2. generated training artifacts ({len(arts.manifest.trainable)} trainable params, "
                   f"SGD lr={LR} momentum={MOMENTUM}) in {time.perf_counter() - t0:.2f} s", highlight=False, soft_wrap=True)
 
@@ -81,9 +81,9 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     test = gc.data.DataLoader({"x": digits["x_test"], "y": digits["y_test"]}, 512, shuffle=False)
     plot = out / "loss_curve.png" if _has_matplotlib() else None
     history = trainer.fit(train, epochs, progress=progress, plot=plot)
-    paths["checkpoint"] = trainer.save_checkpoint(out / "checkpoint").parent
+    paths["checkpoint"] = wrote(trainer.save_checkpoint(out / "checkpoint").parent)
     if plot is not None:
-        paths["loss curve"] = plot
+        paths["loss curve"] = wrote(plot)
     metrics = trainer.evaluate_loader(test)
     accuracy = metrics["accuracy"]
     verdict = "[green]ok" if accuracy >= TARGET_ACCURACY else "[red]below target"
@@ -91,7 +91,7 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
                   f"(target >= {TARGET_ACCURACY:.0%}: {verdict}[/]); test loss {metrics['loss']:.4f}; "
                   f"{history.throughput:,.0f} train samples/s", soft_wrap=True)
 
-    paths["inference model"] = trainer.export_inference(out / "inference.onnx")
+    paths["inference model"] = wrote(trainer.export_inference(out / "inference.onnx"))
     exported = gc.load(paths["inference model"])
     console.print(escape(f"5. exported {paths['inference model']} ({len(exported.graph)} nodes, "
                          f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})"), highlight=False, soft_wrap=True)

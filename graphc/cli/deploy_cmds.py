@@ -11,6 +11,8 @@ from rich.markup import escape
 
 from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types, check_writable_at, console,
                             deploy_app, keep_io_types_option, naming_opset, one_line_warnings)
+from graphc.cli.interrupted import wrote
+from graphc.errors import InputError
 
 
 @deploy_app.command("triton")
@@ -34,16 +36,33 @@ def triton_cmd(
     from graphc.passes.precision import RangeWarning
     from graphc.serving import deploy
 
-    check_writable_at(repo, "--repo")
+    check_deployable(model)
+    check_writable_at(repo, "--repo", folder=True)
     check_keep_io_types(ctx, dtype)
+    if dynamic_batching and max_batch_size <= 0:
+        raise InputError(f"--dynamic-batching lets Triton merge requests along dim 0, which needs --max-batch-size "
+                         f"N > 0 too (got {'no --max-batch-size' if max_batch_size == 0 else max_batch_size})")
     with one_line_warnings(RangeWarning), naming_opset(opset):
         folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                                dynamic_batching=dynamic_batching, opset=opset, dtype=dtype,
                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated)
+    wrote(folder)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
     console.print(escape(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: "
                          f"{folder / str(versions[-1]) / 'model.onnx'}{kept}"), highlight=False, soft_wrap=True)
+
+
+def check_deployable(model: Path) -> None:
+    """Refuse training artifacts or a checkpoint given as MODEL.onnx, saying to export it first
+    (read as a model, a folder was only "not a file")."""
+    from graphc.cli.inspect_training import training_kind
+
+    kind = training_kind(model)
+    if kind is not None:
+        what = "training artifacts" if kind == "artifacts" else "a checkpoint"
+        raise InputError(f"{model}: {what}, not an ONNX model; write its inference model first: graphc export "
+                         f"{model} -o model.onnx, then deploy model.onnx")
 
 
 @app.command("serve")

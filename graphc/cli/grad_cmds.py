@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
+from graphc.cli.interrupted import wrote
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.errors import did_you_mean
 
@@ -169,7 +170,8 @@ def grad_cmd(
                                         "steps (repeatable): momentum (SGD's/RMSprop's momentum, the Adam family's "
                                         "beta1), which graphc train --schedule onecycle or cyclic then cycles as torch "
                                         "does."),
-    output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
+    output: Optional[Path] = output_option("Artifact directory to write (required; made where missing, the files of "
+                                           "artifacts already there replaced).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:
     """Generate training artifacts for a model.
@@ -178,7 +180,7 @@ def grad_cmd(
     manifest into the -o directory."""
     import graphc as gc
 
-    output = chosen_output(output, out)
+    output = chosen_output(output, out, folder=True)
     if grad_norm_type is not None and max_grad_norm is None:
         raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
                          "--max-grad-norm too")
@@ -194,7 +196,7 @@ def grad_cmd(
     arts = gc.training.generate(loaded, spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
                                 scheduled=scheduled, autocast=autocast)
-    arts.save(output)
+    wrote(arts.save(output))
     m = arts.manifest
     console.print(escape(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "

@@ -1,5 +1,6 @@
 """How `graphc --help` names values: a word per value (``--epochs N``, ``ARTIFACT_DIR``), not
-typer's type placeholders (``--epochs <int range>``, ``{ARTIFACT_DIR}``, ``ARTIFACT_DIR <path>``)."""
+typer's type placeholders (``--epochs <int range>``, ``{ARTIFACT_DIR}``, ``ARTIFACT_DIR <path>``);
+and the command class that does so, which also names a refused value and says Ctrl-C's line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import typer
 from typer.core import TyperCommand
+
+from graphc.cli.interrupted import said_when_interrupted
 
 # The word an option's value gets by the type it converts to, where the option names none.
 METAVARS = {"int": "N", "float": "X", "str": "NAME", "Path": "PATH"}
@@ -20,7 +23,7 @@ def argument_word(param: Any) -> str:
 class PlainHelpCommand(TyperCommand):
     """A command whose usage line and help name each value by a word: an option's own metavar, else
     ``METAVARS``' word for its type; an argument bare in the usage line when required, in brackets
-    when not (click's form)."""
+    when not (click's form). Ctrl-C in it prints one line and exits 130."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,6 +43,11 @@ class PlainHelpCommand(TyperCommand):
             if isinstance(exc.__cause__, ValidationError) and exc.__cause__.errors():
                 exc.message = f"{exc.message} (got {exc.__cause__.errors()[0]['input']!r})"
             raise
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        """The command, a Ctrl-C inside said in one line (``interrupted``)."""
+        with said_when_interrupted():
+            return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         arguments = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.interrupted import wrote
 from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
 from graphc.errors import GraphcError, InputError, did_you_mean
 from graphc.model import EMITTED_OPSETS
@@ -50,8 +51,12 @@ def load_object(target: str) -> Any:
 
 
 def _public_names(obj: Any) -> list[str]:
-    """The names a user could mean in ``FILE.py:OBJECT`` (not ``_private`` ones)."""
-    return [n for n in dir(obj) if not n.startswith("_")]
+    """The names a user could mean in ``FILE.py:OBJECT`` (not ``_private`` ones); a Module's
+    children too, which ``dir`` does not list (``net.fc``)."""
+    from graphc.nn import Module
+
+    children = [name for name, _ in obj.named_children()] if isinstance(obj, Module) else []
+    return [*children, *(n for n in dir(obj) if not n.startswith("_"))]
 
 
 def resolve_capturable(obj: Any, name: str) -> Any:
@@ -94,7 +99,7 @@ def capture_cmd(
     from graphc.dsl.capture import check_input_names
     from graphc.model.dtypes import parse_spec
 
-    output = chosen_output(output, out)
+    output = chosen_output(output, out, file="model.onnx")
     if opset not in EMITTED_OPSETS:
         raise InputError(f"--opset {opset}: graphc captures ai.onnx opsets {EMITTED_OPSETS[0]} to {EMITTED_OPSETS[-1]}")
     specs = {}
@@ -108,7 +113,7 @@ def capture_cmd(
     start = time.perf_counter()
     model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
     elapsed = time.perf_counter() - start
-    model.save(output)
+    wrote(model.save(output))
     console.print(f"captured [bold]{escape(model.name)}[/] in {elapsed * 1000:.0f} ms: {len(model.ir.graph)} nodes, "
                   f"opset {opset} -> {escape(str(output))}", highlight=False, soft_wrap=True)
 

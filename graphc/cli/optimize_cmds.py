@@ -12,6 +12,7 @@ from rich.table import Table
 
 from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, chosen_output, console, keep_io_types_option,
                             one_line_warnings, output_option)
+from graphc.cli.interrupted import wrote
 from graphc.errors import PassError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
@@ -51,7 +52,7 @@ def optimize_cmd(
     """
     from graphc.compile.optimize import optimize
 
-    output = chosen_output(output, out)
+    output = chosen_output(output, out, file="model.onnx")
     check_keep_io_types(ctx, dtype)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)
@@ -66,7 +67,7 @@ def optimize_cmd(
     except onnx.checker.ValidationError as exc:
         raise PassError(f"optimize level {level} produced an invalid model; nothing written: "
                         f"{str(exc).strip().splitlines()[0]}") from None
-    optimized.save(output)
+    wrote(optimized.save(output))
     if report:
         console.print(report_table(rep))
     console.print(escape(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level}"

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, given, output_option
+from graphc.cli.interrupted import wrote
 from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
 from graphc.errors import UncalibratedWarning
 from graphc.fileio import atomic_write
@@ -84,7 +85,7 @@ def run_cmd(
     Prints the outputs, or saves them to an .npz with -o."""
     from graphc.runtime.session import Session
 
-    output = chosen_output(output, out, required=False)
+    output = chosen_output(output, out, required=False, file="outputs.npz")
     options = {} if threads is None else {"threads": threads}
     if given(ctx, "batch_size") and workers == 1:
         raise ValueError(f"--batch-size {batch_size} splits the inputs among --workers; without --workers N (N > 1) "
@@ -104,7 +105,7 @@ def run_cmd(
         ran_on, loaded = session.backend, session.model
     warn_uncalibrated(loaded)
     if output is not None:
-        atomic_write(output, npz_bytes(widened(results)))
+        wrote(atomic_write(output, npz_bytes(widened(results))))
         console.print(escape(f"wrote {len(results)} output(s) to {output} (backend {ran_on})"), highlight=False,
                       soft_wrap=True)
         return

@@ -17,6 +17,7 @@ from graphc.cli.app import (OUT_ALIAS, allow_uncalibrated_option, app, check_kee
                             chosen_output, console, err_console, given, keep_io_types_option, naming_opset,
                             one_line_warnings, output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
+from graphc.cli.interrupted import wrote
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.metrics import names as metric_names
@@ -266,9 +267,10 @@ def train_cmd(
         raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
-    for option, path in (("--plot", plot), ("--log", log), ("--tensorboard", tensorboard), ("--checkpoint", checkpoint)):
+    for option, path, file in (("--plot", plot, "loss.png"), ("--log", log, "epochs.jsonl"),
+                               ("--tensorboard", tensorboard, None), ("--checkpoint", checkpoint, None)):
         if path is not None:
-            check_writable_at(path, option, file=option in ("--plot", "--log"))
+            check_writable_at(path, option, file, folder=option == "--tensorboard")
     if plot is not None:
         check_plot(plot)
     if log is not None:
@@ -325,7 +327,13 @@ def train_cmd(
         saved = f"saved {checkpoint} (continue with --resume)" if exc.saved is not None else exc.reason
         err_console.print(escape(f"interrupted at step {exc.step}; {saved}"), highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # no --checkpoint: fit saved nothing
+        kept = "".join(f"; {option} {path} kept" for option, path in (("--log", log), ("--tensorboard", tensorboard))
+                       if path is not None and path.exists())
+        lost = "no --checkpoint given: the trained params were not saved" if checkpoint is None else \
+            f"nothing saved to {checkpoint}"
+        err_console.print(escape(f"interrupted at step {trainer.step_count}; {lost}{kept}"), highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and resolve(checkpoint).is_file():
@@ -401,11 +409,11 @@ def export_cmd(
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 
-    output = chosen_output(output, out)
+    output = chosen_output(output, out, file="model.onnx")
     check_keep_io_types(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
-        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
-                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated)
+        path = wrote(export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
+                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated))
     console.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 
@@ -424,7 +432,7 @@ def demo_cmd(
     Captures, trains and exports the two-layer net, then checks parity."""
     from graphc.cli.demo import run_demo
 
-    result = run_demo(chosen_output(output, out, Path("demo_out")), backend=backend, epochs=epochs,
+    result = run_demo(chosen_output(output, out, Path("demo_out"), folder=True), backend=backend, epochs=epochs,
                       progress=progress, seed=seed, console=console)
     if not result.ok:
         raise typer.Exit(1)

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.interrupted import wrote
 
 
 @app.command("view")
@@ -47,5 +48,5 @@ def view_cmd(
             netron.start(str(model))
             netron.wait()
             return
-    view.write(model, output)
+    wrote(view.write(model, output))
     console.print(escape(f"wrote {output}"), highlight=False, soft_wrap=True)
