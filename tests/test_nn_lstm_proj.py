@@ -1,8 +1,9 @@
-"""``nn.LSTM(proj_size=P)`` (torch's LSTM with projections, written out step by step) against torch 2.13 in
-float64 on numpy and ort-cpu: torch's parameter names and shapes (``weight_hh [4H, P]``, ``weight_hr_l{k}{_reverse}
-[P, H]``) loading torch's state_dict strictly; the output, ``h_n`` and ``c_n``, and the gradients of the input,
-the initial states and every parameter; multi-layer, bidirectional, batch_first, unbatched and packed runs; a
-symbolic length (a Scan per layer and direction) at two lengths from one capture."""
+"""``nn.LSTM(proj_size=P)`` (torch's LSTM with projections: written out step by step up to 4 steps, longer a Scan
+per layer and direction whose backward is a Scan too) against torch 2.13 in float64 on numpy and ort-cpu: torch's
+parameter names and shapes (``weight_hh [4H, P]``, ``weight_hr_l{k}{_reverse} [P, H]``) loading torch's state_dict
+strictly; the output, ``h_n`` and ``c_n``, and the gradients of the input, the initial states and every parameter;
+multi-layer, bidirectional, batch_first, unbatched and packed runs at T=4 and 8; a symbolic length (a Scan per layer
+and direction) at two lengths from one capture."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.nn.rnn_projected import MAX_WRITTEN_OUT_STEPS
 from graphc.nn.utils import rnn as gr
 
 torch = pytest.importorskip("torch")
@@ -75,9 +77,14 @@ def _torch_run(theirs, x, states, lengths, first):
     return {k: v.detach().numpy() for k, v in want.items()}, {"c": c, "ch": ch, "cc": cc}
 
 
+def _layers(kwargs):
+    """The number of layers times directions of the LSTM ``kwargs`` builds."""
+    return kwargs.get("num_layers", 1) * (2 if kwargs.get("bidirectional") else 1)
+
+
 def _inputs(kwargs, steps):
     """A random input of ``steps`` steps and initial states (or None) for the LSTM ``kwargs`` builds."""
-    layers = kwargs.get("num_layers", 1) * (2 if kwargs.get("bidirectional") else 1)
+    layers = _layers(kwargs)
     x = RNG.standard_normal((N, steps, IN) if kwargs.get("batch_first", False) else (steps, N, IN))
     return x, (RNG.standard_normal((layers, N, PROJ)), RNG.standard_normal((layers, N, HID)))
 
@@ -89,13 +96,21 @@ def _check(grads, feeds, want):
             np.testing.assert_allclose(got[key], value, rtol=1e-10, atol=1e-13, err_msg=f"{backend} {key}")
 
 
+@pytest.mark.parametrize("steps", [T, 8], ids=["written-out", "scan"])
 @pytest.mark.parametrize("name,kwargs,given,lengths", CASES, ids=[c[0] for c in CASES])
-def test_values_and_gradients_match_torch(name, kwargs, given, lengths):
+def test_values_and_gradients_match_torch(name, kwargs, given, lengths, steps):
+    """A static length: written out up to ``MAX_WRITTEN_OUT_STEPS`` (4), past it a Scan per layer and direction
+    whose backward is a Scan too (reverse mode, not unrolled)."""
     ours, theirs = _pair(kwargs)
-    x, states = _inputs(kwargs, T)
+    x, states = _inputs(kwargs, steps)
     states = states if given else None
+    if lengths is not None:
+        lengths = [min(n, steps) if n < T else steps for n in lengths]  # the longest fills the steps
     want, feeds = _torch_run(theirs, x, states, lengths, kwargs.get("batch_first", False))
-    _check(gc.grad(gc.capture(_Net(ours, x, states, lengths), **feeds), "loss"), feeds, want)
+    grads = gc.grad(gc.capture(_Net(ours, x, states, lengths), **feeds), "loss")
+    scans = [n.op_type for n in grads.ir.graph].count("Scan")
+    assert scans == (0 if steps <= MAX_WRITTEN_OUT_STEPS else 2 * _layers(kwargs))  # a forward and a backward
+    _check(grads, feeds, want)
 
 
 class _SymbolicNet(_Net):
