@@ -60,8 +60,8 @@ def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) 
 def grad_slice(g, node, dy):
     # Scatter dy into zeros at the sliced positions: Pad when bounds are static with unit
     # steps, a Pad with pads computed at run time when bounds are read at run time (constant
-    # axes and steps), else slice a tensor of flat indices the same way and ScatterElements
-    # into it.
+    # axes and steps, none past 1 on the last axis), else slice a tensor of flat indices the
+    # same way and ScatterElements into it.
     x = node.inputs[0]
     rest = (None,) * (len(node.inputs) - 1)
     pads = static_slice_pads(node)

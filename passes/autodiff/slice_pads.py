@@ -2,7 +2,7 @@
 that undo a Slice of constant bounds, unit steps and a static input (``static_slice_pads``), and pads computed
 from the starts and the sizes of x and dy, folded where those are known before run time and read at run time
 where not (``padded_slice_grad``): bounds read at run time (``pos[:, :T]``), or constant ones on an input of
-symbolic dims (``logits[:, :-1]`` of [B, T, V]), any constant steps."""
+symbolic dims (``logits[:, :-1]`` of [B, T, V]), any constant steps but a ``|step| > 1`` on the last axis."""
 
 from __future__ import annotations
 
@@ -84,10 +84,14 @@ def padded_slice_grad(g: GradBuilder, node: ir.Node, dy: ir.Value) -> ir.Value |
     ``|step|`` apart (zeros between), then padded to x's size. The pad before each axis is the first position
     read, the start clamped as Slice clamps it (to [0, dim], or [0, dim - 1] for a negative step, from which
     the rows run back); the pad after is the rest of the axis (negative where the last spread row's zeros run
-    past it). Constant bounds with a ``|step| > 1`` on the last axis are left to the scatter (None), as is
-    anything else this does not take: spreading the innermost axis is slower than scattering (ort-cpu,
-    [16, 256, 512] ``y[..., 1::3]``, 1 thread, a step forward and back: 7.6-8.0 vs 5.7-6.2 ms; numpy [64, 1024,
-    8] 18.3 vs 3.4 ms), while on another axis it is faster (``y[:, ::2]`` 3.3-3.7 vs 6.3-6.9 ms)."""
+    past it). A ``|step| > 1`` on the last axis, of constant bounds or bounds read at run time, is left to the
+    scatter (None), as is anything else this does not take: on ort-cpu spreading the innermost axis is slower
+    than scattering (1 thread, a step forward and back, ms spread / scatter; constant bounds: [16, 256, 512]
+    ``y[..., 1::3]`` 7.6-8.0 / 5.7-6.2; run-time bounds, CPU ms, median of 20: ``y[..., 1:T:3]`` 6.64 / 5.03,
+    ``y[..., 1:T:4]`` 5.51 / 4.12, ``y[..., :T:2]`` 9.94 / 6.62, ``y[..., T-1::-2]`` 13.1 / 9.5; [64, 1024, 8]
+    ``y[..., :T:3]`` 2.74 / 1.40), while on another axis it is faster (``y[:, ::2]`` 3.3-3.7 / 6.3-6.9). The
+    numpy backend differs by shape (constant bounds [64, 1024, 8] 18.3 / 3.4; run-time bounds [64, 1024, 8]
+    1.60 / 1.52, [16, 256, 512] ``:T:2`` 3.01 / 5.96); the graph serves both, and the choice follows ort-cpu."""
     x = node.inputs[0]
     shape = static_shape(x)
     if g.opset < 11 or shape is None or len(node.inputs) < 3:
@@ -100,10 +104,9 @@ def padded_slice_grad(g: GradBuilder, node: ir.Node, dy: ir.Value) -> ir.Value |
     rank = len(shape)
     axes = [int(a) % rank for a in axes] if has_axes else list(range(count[0]))
     steps = [int(s) for s in steps] if has_steps else [1] * len(axes)
-    starts = folded_array(node.inputs[1])
-    if starts is not None and folded_array(node.inputs[2]) is not None and \
-            any(abs(s) > 1 and a == rank - 1 for a, s in zip(axes, steps)):
+    if any(abs(s) > 1 and a == rank - 1 for a, s in zip(axes, steps)):
         return None
+    starts = folded_array(node.inputs[1])
     if starts is None:
         starts = node.inputs[1] if node.inputs[1].dtype == ir.DataType.INT64 else \
             g.op("Cast", node.inputs[1], to=ir.DataType.INT64)
