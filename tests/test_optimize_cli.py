@@ -40,6 +40,18 @@ def test_optimize_writes_output_and_report(model_file, tmp_path):
     assert digest(model_file) == before
 
 
+@pytest.mark.parametrize("flags, nodes", [((), 1), (("--dtype", "float16"), 1),
+                                          (("--dtype", "float16", "--keep-io-types"), 3)])
+def test_the_summary_counts_the_nodes_written(model_file, tmp_path, flags, nodes):
+    """With --keep-io-types the file holds the Gemm and a Cast at each edge: the summary says 3, not the
+    optimized model's 1 from before the conversion."""
+    out = tmp_path / "o.onnx"
+    result = runner.invoke(app, ["optimize", str(model_file), "-o", str(out), *flags])
+    assert result.exit_code == 0, result.output
+    assert len(gc.load(out).proto.graph.node) == nodes
+    assert f"2 -> {nodes} nodes (level 2" in result.output
+
+
 def test_optimize_in_place_only_when_o_names_input(model_file):
     result = runner.invoke(app, ["optimize", str(model_file), "-o", str(model_file), "-O", "0"])
     assert result.exit_code == 0, result.output

@@ -15,7 +15,7 @@ from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, chosen_output, 
 from graphc.cli.interrupted import wrote
 from graphc.errors import PassError
 from graphc.model import load
-from graphc.passes.optimize import LEVELS, OptimizeReport
+from graphc.passes.optimize import LEVELS, OptimizeReport, count_nodes
 
 _LEVEL_HELP = "Optimization level, each adding to the one below. " + " ".join(f"{k}: {v}." for k, v in LEVELS.items())
 
@@ -70,5 +70,6 @@ def optimize_cmd(
     wrote(optimized.save(output))
     if report:
         console.print(report_table(rep))
-    console.print(escape(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level}"
+    written = count_nodes(optimized.ir)  # --dtype's Casts included
+    console.print(escape(f"{model} -> {output}: {rep.nodes_before} -> {written} nodes (level {level}"
                          + (f", {dtype})" if dtype else ")")), highlight=False, soft_wrap=True)
