@@ -1,8 +1,8 @@
 """The docs in docs/ and README.md against the code: they fail here when the two drift apart.
 
-Checked: links and file paths resolve inside the repository; every public Python name, error
-class, CLI command and option, manifest and checkpoint field and server route appears in
-docs/api.md.
+Checked: links and file paths resolve inside the repository; every `gc.` name a code span shows
+exists; every public Python name, error class, CLI command and option, manifest and checkpoint
+field and server route appears in docs/api.md.
 """
 
 from __future__ import annotations
@@ -114,6 +114,35 @@ def test_file_paths_named_in_code_spans_exist(page: Path):
 def test_every_top_level_name_resolves():
     assert [name for name in gc.__all__ if getattr(gc, name, None) is None] == []
     assert gc.checkpoint.CheckpointError.__module__ == "graphc.runtime.checkpoint"
+
+
+GC_NAME = re.compile(r"(?<![\w.])gc((?:\.[A-Za-z_]\w*)+)(?![\w*])")  # not a pattern: `gc.fake_quantize_*`
+
+
+def unresolved_gc_names(text: str) -> list[str]:
+    """The `gc.a.b` names in code spans that name no attribute (or module) under `graphc`; an
+    all-caps part (`gc.NAME`) is a placeholder."""
+    wrong = []
+    for span in _spans(text):
+        for dotted in GC_NAME.findall(span):
+            parts = dotted.lstrip(".").split(".")
+            if any(part.isupper() for part in parts):
+                continue
+            try:
+                _resolve("gc." + ".".join(parts))
+            except (AttributeError, ImportError):
+                wrong.append(f"gc.{'.'.join(parts)}")
+    return sorted(set(wrong))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_gc_names_in_code_spans_resolve(page: Path):
+    assert unresolved_gc_names(page.read_text()) == []
+
+
+def test_a_renamed_gc_name_is_found():
+    text = "`gc.optim.AdamW(lr)` `gc.deploy.tritn(m)` `gc.NAME` `gc.fake_quantize_*` `gc.TrainingInterrupted`"
+    assert unresolved_gc_names(text) == ["gc.TrainingInterrupted", "gc.deploy.tritn"]
 
 
 def test_every_top_level_name_is_documented():
