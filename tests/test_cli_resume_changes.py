@@ -164,10 +164,11 @@ def test_fresh_optimizer_takes_the_params_into_a_new_run_as_python_and_replaces_
         assert cli.state_dict()[name].tobytes() == value.tobytes(), name
 
 
-@pytest.mark.parametrize("resume", [True, False])
+@pytest.mark.parametrize("resume", [True, False, "fresh"])
 def test_the_checkpoint_check_reads_its_header_once(tmp_path, capsys, monkeypatch, resume):
     """``check_checkpoint`` read the header of the checkpoint it checks up to 5 times (the resume check's meta
-    twice and its tensor table, the writable check, the owner check); each now takes the one read."""
+    twice and its tensor table, the writable check, the owner check); each now takes the one read. With
+    --fresh-optimizer the params check reads no more than that header (it loaded every tensor)."""
     from graphc.cli.train_cmds import check_checkpoint
     from graphc.runtime import checkpoint
 
@@ -177,7 +178,7 @@ def test_the_checkpoint_check_reads_its_header_once(tmp_path, capsys, monkeypatc
     read = checkpoint._read_header
     monkeypatch.setattr(checkpoint, "_read_header", lambda target: reads.append(target) or read(target))
     if resume:
-        check_checkpoint(root / "ck", True, root / "arts")
+        check_checkpoint(root / "ck", True, root / "arts", fresh_optimizer=resume == "fresh")
     else:
         with pytest.raises(checkpoint.CheckpointError, match=r"already holds a checkpoint \(step 4, epoch 1\)"):
             check_checkpoint(root / "ck", False, root / "arts")

@@ -106,6 +106,7 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
     the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``; with
     ``fresh_optimizer`` its params are taken, ``params_only``, and the run replaces it), without
     it none is there to be overwritten by a fresh run."""
+    from graphc.runtime import params_only
     from graphc.runtime.checkpoint import CheckpointError, read_meta_and_table, resolve, writable_header
     from graphc.runtime.checkpoint_folder import check_owner, find_artifacts
     from graphc.compile.training import MANIFEST_FILE, read_manifest
@@ -122,8 +123,8 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
         source = find_artifacts(artifacts)
     if source is not None:
         manifest = read_manifest(source)
-        if fresh_optimizer:  # its params, checked as the load will; the run replaces the rest
-            _check_params(path, target, manifest)
+        if fresh_optimizer:  # its params, from the header as the load will check them; the run replaces the rest
+            params_only.check(path, *header, manifest)
         elif resume:  # what differs as a change of settings, before check_owner takes it for another model's
             _check_resume(path, *header, manifest, changed_optimizer)
     header = writable_header(path, header)[1]  # only a graphc checkpoint is there to be replaced
@@ -147,19 +148,6 @@ def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: 
         raise CheckpointError(exc.words("--changed-optimizer", "--fresh-optimizer")) from None
     except resume_rules.StateChanged as exc:
         raise CheckpointError(exc.words("--fresh-optimizer")) from None
-
-
-def _check_params(path: Path, target: Path, manifest) -> None:
-    """``params_only.restart``'s refusals of the checkpoint at ``target`` for the graphs of
-    ``manifest``, before the model is loaded (its warnings come with the load)."""
-    import warnings
-
-    from graphc.runtime import checkpoint, params_only
-
-    tensors, meta = checkpoint.load(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        params_only.restart(path, tensors, meta, manifest, {})
 
 
 @app.command("train")

@@ -30,7 +30,7 @@ from graphc.passes.training.scheduled import running_state
 from graphc.runtime.checkpoint import CheckpointError, CheckpointMeta, mismatch
 from graphc.runtime.feeds import dtype_name
 
-__all__ = ["buffers", "restart"]
+__all__ = ["buffers", "check", "restart"]
 
 
 def buffers(manifest: Any) -> list[str]:
@@ -42,15 +42,13 @@ def buffers(manifest: Any) -> list[str]:
     return [n for n, e in manifest.carried().items() if e.role == "state" and n not in own and not n.startswith(slots)]
 
 
-def restart(path: Any, tensors: Mapping[str, np.ndarray], meta: CheckpointMeta, manifest: Any,
-            initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The carried tensors (named per param) a params-only resume from the checkpoint at ``path``
-    (``tensors``, header ``meta``) starts the graphs of ``manifest`` from: ``initial`` (their
-    initial state) with the model's params and buffers from the checkpoint. ``CheckpointError``
-    for another model's checkpoint, a param these graphs freeze that it trained, or a tensor of
-    another dtype or shape, naming it."""
+def check(path: Any, meta: CheckpointMeta, table: Mapping[str, tuple[str, list]], manifest: Any) -> None:
+    """``CheckpointError`` where a params-only resume from the checkpoint at ``path`` (header
+    ``meta``, tensor table ``table``: name -> (dtype name, shape)) into the graphs of ``manifest``
+    is refused: another model's checkpoint, a param these graphs freeze that it trained, or a
+    tensor of another dtype or shape, naming it. From the header alone: the tensors are not read."""
     model = set(manifest.trainable) | set(manifest.frozen)
-    saved = {n for n, r in meta.roles.items() if r == "param"} if meta.roles else set(tensors) & model
+    saved = {n for n, r in meta.roles.items() if r == "param"} if meta.roles else set(table) & model
     other = sorted(saved - model)
     if other:
         raise CheckpointError(f"{path}: the checkpoint has param(s) {', '.join(other)}, which this model lacks; it "
@@ -61,17 +59,32 @@ def restart(path: Any, tensors: Mapping[str, np.ndarray], meta: CheckpointMeta, 
                               "graphs freeze: they hold its initial value as a constant, so its trained value would "
                               "be lost. Fold the checkpoint's params into a model (graphc export CHECKPOINT -o "
                               "model.onnx) and generate the training graphs from it with that frozen set")
-    wanted = [*manifest.trainable, *buffers(manifest)]
     expected = manifest.carried()
-    picked = {n: np.asarray(tensors[n]) for n in wanted if n in tensors}
-    problem = mismatch({n: expected[n] for n in picked},
-                       {n: (dtype_name(a.dtype), list(a.shape)) for n, a in picked.items()})
+    present = [n for n in _wanted(manifest) if n in table]
+    problem = mismatch({n: expected[n] for n in present}, {n: table[n] for n in present})
     if problem is not None:
         raise CheckpointError(f"{path}: the checkpoint {problem}; it was saved from another model's training graphs")
+
+
+def restart(path: Any, tensors: Mapping[str, np.ndarray], meta: CheckpointMeta, manifest: Any,
+            initial: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The carried tensors (named per param) a params-only resume from the checkpoint at ``path``
+    (``tensors``, header ``meta``) starts the graphs of ``manifest`` from: ``initial`` (their
+    initial state) with the model's params and buffers from the checkpoint; ``check``'s refusals
+    first, and a value frozen in its run that its training graphs hold of another dtype or shape."""
+    arrays = {n: np.asarray(a) for n, a in tensors.items()}
+    check(path, meta, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in arrays.items()}, manifest)
+    wanted = _wanted(manifest)
+    picked = {n: arrays[n] for n in wanted if n in arrays}
     missing = [n for n in wanted if n not in picked]
     if missing:
-        picked.update(_constants_of(path, meta, missing, expected))
+        picked.update(_constants_of(path, meta, missing, manifest.carried()))
     return {**initial, **picked}
+
+
+def _wanted(manifest: Any) -> list[str]:
+    """What a params-only resume takes from the checkpoint: the trainable params and ``buffers``."""
+    return [*manifest.trainable, *buffers(manifest)]
 
 
 def _constants_of(path: Any, meta: CheckpointMeta, names: list[str], expected: Mapping[str, Any]) -> dict[str, np.ndarray]:
