@@ -171,12 +171,8 @@ def settle(ray, refs: list) -> None:
     """Read what each of ``refs`` that is done holds, dropping its error: a call that failed left
     one in every object it returns, and Ray logs an error never read ("Unhandled error", with the
     worker's traceback) once its object is freed, after graphc raised it already."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    for ref in ready:
-        try:
-            ray.get(ref, timeout=0)
-        except Exception:  # noqa: BLE001, S110 - the error was raised from another of the call's objects
-            pass
+    for ref in _done(ray, refs):
+        _error(ray, ref)  # the error was raised from another of the call's objects
 
 
 def _named(ray, refs: list, who: Optional[Sequence[str]], errors: Optional[tuple]) -> str:
@@ -184,18 +180,21 @@ def _named(ray, refs: list, who: Optional[Sequence[str]], errors: Optional[tuple
     task that raised), else (``errors`` None) of those not done."""
     if who is None:
         return ""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    done, names = set(ready), []
-    for ref, name in zip(refs, who):
-        if errors is None:
-            if ref not in done:
-                names.append(name)
-            continue
-        try:
-            if ref in done:
-                ray.get(ref, timeout=0)
-        except errors:
-            names.append(name)
-        except Exception:  # noqa: BLE001 - another error is not this worker's
-            pass
-    return ", ".join(names)
+    done = set(_done(ray, refs))
+    if errors is None:
+        return ", ".join(name for ref, name in zip(refs, who) if ref not in done)
+    return ", ".join(name for ref, name in zip(refs, who) if ref in done and isinstance(_error(ray, ref), errors))
+
+
+def _done(ray, refs: list) -> list:
+    """Those of ``refs`` that are done, without waiting."""
+    return ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+
+
+def _error(ray, ref) -> Optional[Exception]:
+    """The error the done ``ref`` holds (read, so Ray does not log it as never read), else None."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception as exc:  # noqa: BLE001 - any error: the caller tells which it names
+        return exc
+    return None
