@@ -55,7 +55,7 @@ from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
-from graphc.runtime.distributed.shards import bounds_of, joined, spans
+from graphc.runtime.distributed.shards import bounds_of, joined
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
@@ -184,13 +184,13 @@ class DistributedTrainer(Trainer):
                               "went with it; make a new gc.Trainer, from a checkpoint to go on")
         return self._actors
 
-    def _get(self, refs: Any, what: str, messages: Optional[list[dict]] = None) -> Any:
+    def _get(self, refs: Any, what: str, bounds: Optional[list[tuple[int, int]]] = None) -> Any:
         """``get`` naming the workers that die, fail or are late by rank and pid, and by the rows of
-        the batch each had where ``messages`` (``_messages``) are given (``refs``: one per worker
+        the batch each had where their ``bounds`` (``_messages``) are given (``refs``: one per worker
         from rank 0, or rank 0's)."""
         single = not isinstance(refs, list)
-        who = self._who if messages is None else [f"{name} on rows {lo}:{hi} of the batch" for name, (lo, hi)
-                                                  in zip(self._who, spans([m["rows"] for m in messages]))]
+        who = self._who if bounds is None else [f"{name} on rows {lo}:{hi} of the batch" for name, (lo, hi)
+                                                in zip(self._who, bounds)]
         got = get(self._ray, [refs] if single else refs, self.timeout_s, what, who)
         return got[0] if single else got
 
@@ -223,9 +223,11 @@ class DistributedTrainer(Trainer):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False) -> list[dict]:
+    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool,
+                  whole: bool = False) -> tuple[list[dict], list[tuple[int, int]]]:
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
-        it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws."""
+        it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws; and
+        the bounds of each worker's rows (``_bounds``)."""
         feeds = self._batch_feeds(batch, specs)
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
@@ -245,7 +247,7 @@ class DistributedTrainer(Trainer):
             if noise and self.noise_specs and hi > lo:
                 message["noise"] = self._noise_shapes(shard, shard)
             out.append(message)
-        return out
+        return out, bounds
 
     def _bounds(self, feeds: Mapping[str, np.ndarray], train: bool, whole: bool = False) -> list[tuple[int, int]]:
         """(first row, end row) of each worker's shard of the batch ``feeds``, for a train step or
@@ -281,7 +283,7 @@ class DistributedTrainer(Trainer):
         that fails (or times out) changes nothing but the last update's place: the workers may
         have applied it, and apply it once whatever the driver sends again. A Ctrl-C is raised
         once the step is done, as in ``Trainer.step``."""
-        messages = self._messages(batch, self.batch_specs, noise=True)
+        messages, bounds = self._messages(batch, self.batch_specs, noise=True)
         metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
         for message in messages:
             message["metrics"] = metrics
@@ -291,7 +293,7 @@ class DistributedTrainer(Trainer):
                 message["renorm_rows"] = len(rows)
             calls = self._step_calls(messages, rows)
             try:
-                infos = self._get([info for info, _ in calls], f"training step {self.step_count + 1}", messages)
+                infos = self._get([info for info, _ in calls], f"training step {self.step_count + 1}", bounds)
             except GraphcError:
                 settle(self._ray, [grads for _, grads in calls])
                 raise
@@ -368,10 +370,10 @@ class DistributedTrainer(Trainer):
         self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
-        messages = self._messages(batch, specs, noise=False, whole=bool(self._whole))
+        messages, bounds = self._messages(batch, specs, noise=False, whole=bool(self._whole))
         rows = [r.renorm_rows.remote(m, EVAL_ROWS) for r, m in zip(self._replicas, messages)] if self._renorm else []
         refs = [r.predict.remote(m["shard"], m["rows"], *rows) for r, m in zip(self._replicas, messages)]
-        done = [r for r in self._get(refs, "evaluation", messages) if r is not None]
+        done = [r for r in self._get(refs, "evaluation", bounds) if r is not None]
         out = {}
         if "loss" in done[0]:
             total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
