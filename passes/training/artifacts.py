@@ -99,6 +99,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     dtype, the op types run in it) for train_step's and gradients' forward (``precision.autocast``)."""
     base = _prepare(model)
     one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
+    modes.warn_fixed_momentum(base.graph, batchnorm)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = onnx_opset(base, 0)
     bn_stats = buffer_updates.with_written(base.graph, modes.batchnorm_stats(base.graph))  # + buffers written

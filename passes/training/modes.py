@@ -30,11 +30,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import PassError
-from graphc.model import COUNT_KEY, COUNTER_KEY, VMAP_FOLDED_KEY
+from graphc.model import COUNT_KEY, COUNTER_KEY, SOURCE_KEY, VMAP_FOLDED_KEY
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
@@ -80,6 +82,42 @@ def probability_inputs(graph: ir.Graph) -> list[str]:
     data = {v.name for v in graph.inputs if not v.is_initializer()}
     marked = (node.metadata_props.get(PROBABILITIES_KEY) for node in graph.all_nodes())
     return sorted({name for names in marked if names for name in names.split(",") if name in data})
+
+
+# what an imported BatchNorm's extreme momentum does to its running statistics in training, and
+# the torch BatchNorm(momentum=None) export that records it (torch.onnx cannot write the cumulative
+# average: its factor, 1/num_batches_tracked, is 0 in eval mode and 1 in a training-mode export
+# of a fresh module)
+_FIXED_MOMENTA = {1.0: ("never updates their running statistics (torch's momentum=0)",
+                        "in eval mode, torch.onnx's default"),
+                  0.0: ("replaces their running statistics with each batch's (torch's momentum=1)", "in training mode")}
+
+
+def warn_fixed_momentum(graph: ir.Graph, batchnorm: str) -> None:
+    """With ``batchnorm`` "train", one warning per momentum naming the imported
+    BatchNormalizations with tracked running statistics whose ONNX momentum is 1.0 or 0.0
+    (``_FIXED_MOMENTA``): training follows it, and the torch BatchNorm(momentum=None) the model may
+    come from trains the cumulative average. Captured BatchNorms (``SOURCE_KEY``) are left out:
+    their momentum is the one the code gave."""
+    if batchnorm == "frozen":
+        return
+    found: dict[float, list[str]] = {}
+    for node in graph:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or \
+                SOURCE_KEY in node.metadata_props or COUNTER_KEY in node.metadata_props:
+            continue
+        stat = tracked_stat(node.inputs[3]) if len(node.inputs) > 3 else None
+        momentum = exact_float(node, "momentum", 0.9)
+        if stat is not None and momentum in _FIXED_MOMENTA:
+            found.setdefault(momentum, []).append(stat.name.rsplit(".", 1)[0] if "." in stat.name else node.name)
+    for momentum, names in found.items():
+        does, when = _FIXED_MOMENTA[momentum]
+        warnings.warn(
+            f"BatchNormalization {', '.join(map(repr, names))}: ONNX momentum {momentum}, so training {does}. "
+            f"torch.onnx also writes {momentum} for a BatchNorm with momentum=None (torch's "
+            f"cumulative average, which torch would train) exported {when}: if that is the source model, set its "
+            "momentum before exporting (bn.momentum = 0.1) or build it with gc.nn.BatchNorm*d(momentum=None); "
+            "batchnorm=\"frozen\" keeps the exported statistics and normalizes with them.", UserWarning, stacklevel=4)
 
 
 def tracked_stat(value: ir.Value | None) -> ir.Value | None:
