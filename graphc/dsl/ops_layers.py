@@ -14,8 +14,8 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
-from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
-                            reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, dim_read, emit, lift, matmul, mean, minimum,
+                            reshape, reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl import activations64
 from graphc.dsl.norms64 import rounds_eps, standardized
 from graphc.dsl.inplace import into, writes_input
@@ -472,8 +472,7 @@ def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
 def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
     """bool ``[L, S]``, true on and below the diagonal (a query attends to keys up to its own
     position), for the lengths on ``dim`` of ``query`` and ``key`` (symbolic ones too)."""
-    lengths = [emit("Slice", [emit("Shape", [t]), const_i64([dim]), const_i64([dim + 1 or t.ndim])])
-               for t in (query, key)]
+    lengths = [dim_read(t, dim % t.ndim) for t in (query, key)]
     ones = emit("ConstantOfShape", [concat(lengths)], {"value": ir_tensor(np.ones(1, bool))},
                 out_types=[("bool", [query.shape[dim], key.shape[dim]])])
     return tril(ones)

@@ -72,7 +72,7 @@ class _InstanceNorm(Module):
         channel of its own; the training graphs average the tiled statistics' updates over the
         batch, ``passes/training/modes.py``), then the affine per channel."""
         ones = np.ones(self.num_features, to_numpy(x.dtype))
-        batch = ops.emit("Slice", [ops.emit("Shape", [x]), ops.const_i64([0]), ops.const_i64([1])])
+        batch = ops.dim_read(x, 0)
         tiled = [ops.emit("Tile", [ops.lift(t, x), batch])
                  for t in (self.running_mean, self.running_var, ones, np.zeros_like(ones))]
         rows = ops.emit("Reshape", [x, ops.const_i64([1, -1] + [0] * (x.ndim - 2))])
