@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 import graphc as gc
+from graphc.serving.kserve.deadline import Deadline
 from graphc.serving.kserve.repository import load_models
 from serve_util import fixed_model, mixed_feeds, mixed_model
 
@@ -42,7 +43,7 @@ def test_default_model_filename_from_config(tmp_path):
     feeds = mixed_feeds(2)
     from graphc.serving.kserve.protocol import DecodedRequest
 
-    out = model.infer(DecodedRequest(None, feeds, (None, False)))
+    out = model.infer(DecodedRequest(None, feeds, (None, False)), Deadline(None))
     np.testing.assert_array_equal(out["s"], feeds["idx"] + 1)
     config.write_text('default_model_filename: "../../outside.onnx"\n')
     with pytest.raises(gc.ModelLoadError, match="must be a plain file name"):
@@ -199,7 +200,7 @@ def test_a_reshape_that_cannot_hold_its_dims_or_the_models_output_is_named(tmp_p
     model = load_models(tmp_path)["m"]["1"]
     with pytest.raises(ProtocolError, match=r"output 'y' has shape \[2, 6\], which its config.pbtxt reshape "
                                             r"\[3, 2\] does not fit after the batch dim") as caught:
-        model.infer(DecodedRequest(None, {"s": np.zeros((2, 6), np.float32)}, (None, False)))
+        model.infer(DecodedRequest(None, {"s": np.zeros((2, 6), np.float32)}, (None, False)), Deadline(None))
     assert caught.value.status == 500
 
 

@@ -196,16 +196,15 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
     raise ProtocolError(message)
 
 
-def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None = None,
-                inflate: Callable[[bytes], bytes] | None = None, deadline: Deadline | None = None,
+def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None,
+                inflate: Callable[[bytes], bytes] | None, deadline: Deadline,
                 max_tensor_bytes: int | None = None, max_request_bytes: int | None = None) -> tuple[bytes, int | None]:
     """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
     ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504, one
     cancelled by the client's disconnect, a 400 no one reads;
     a tensor over ``max_tensor_bytes`` or tensors live at once over ``max_request_bytes``, a 413)."""
     try:
-        if deadline is not None:
-            deadline.check("while the request waited for a worker thread")
+        deadline.check("while the request waited for a worker thread")
         if inflate is not None:
             body = inflate(body)
         request = decode_request(body, header_length)

@@ -124,7 +124,7 @@ class ServedModel:
             return None
         return [-1] * (self.max_batch_size > 0) + list(reshapes[name][0])
 
-    def infer(self, request: DecodedRequest, deadline: Deadline | None = None,
+    def infer(self, request: DecodedRequest, deadline: Deadline,
               max_tensor_bytes: int | None = None, max_request_bytes: int | None = None) -> dict[str, np.ndarray]:
         """The model's outputs for ``request``; past ``deadline`` (a wait for the model's lock
         included) ``RunCancelled``; a 413 where the request's values would make a tensor over
@@ -162,9 +162,9 @@ class ServedModel:
         return results
 
     @contextlib.contextmanager
-    def _locked(self, deadline: Deadline | None) -> Iterator[None]:
+    def _locked(self, deadline: Deadline) -> Iterator[None]:
         """Hold the model's lock, waiting at most until ``deadline`` (then ``RunCancelled``)."""
-        if not self._lock.acquire(timeout=-1 if deadline is None else deadline.remaining()):
+        if not self._lock.acquire(timeout=deadline.remaining()):
             raise RunCancelled(f"it waited for the model's earlier requests ({self.session.backend} runs one at a time)")
         try:
             yield
