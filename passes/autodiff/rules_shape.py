@@ -58,10 +58,11 @@ def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) 
 
 @grad_rule("Slice")
 def grad_slice(g, node, dy):
-    # Scatter dy into zeros at the sliced positions: Pad when bounds are static with unit
-    # steps, a Pad with pads computed at run time when bounds are read at run time (constant
-    # axes and steps, none past 1 on the last axis), else slice a tensor of flat indices the
-    # same way and ScatterElements into it.
+    # Scatter dy into zeros at the sliced positions: a Pad when x's shape and the bounds are
+    # static with unit steps; else, where axes and steps are constants and no |step| > 1 is on
+    # the last axis, padded_slice_grad's Pad with pads computed at run time (bounds read at run
+    # time, or constant bounds on an x of symbolic size or with non-unit steps, dy's rows spread
+    # |step| apart); else slice a tensor of flat indices the same way and ScatterElements into it.
     x = node.inputs[0]
     rest = (None,) * (len(node.inputs) - 1)
     pads = static_slice_pads(node)
