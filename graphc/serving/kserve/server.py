@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import inspect
 import resource
 import socket
@@ -35,6 +36,20 @@ MAX_HEAD_BYTES = 64 << 10
 # (it reads them, and its reply after them) or is gone (its kernel answers them with a reset).
 PEER_PROBE_INTERVAL = 0.5
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# A reply to a request still arriving (an error found from its headers or its first bytes, as a 413
+# from Content-Length, or a 408) closes the connection in stages, as RFC 9112 (9.6) says a server
+# should: the reply says ``connection: close``, the server shuts its sending side once the reply is
+# out (the client reads it to its end, then EOF), reads and drops what still arrives for at most
+# LINGER_SECONDS (or the read timeout, if shorter) and LINGER_BYTES, then closes; a client still
+# sending then gets a reset. Closing at once resets a client that sends its whole body before it
+# reads (most do): its send fails, and some systems drop the reply it had not read (Linux keeps
+# it). Reading to the body's end (uvicorn) read an endless chunked body for the whole read timeout
+# (7.3 GB in 3 s on loopback), then answered it a second time, with a 408. nginx lingers the same
+# way, for up to 30 s (lingering_time); 2 s and 64 MiB let a client on a fast link finish sending a
+# body twice the default --max-json-bytes and read its 413, while one that sends for ever is reset
+# after about 70 MB, 0.05 s on loopback.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 << 20
 
 
 def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
@@ -62,7 +77,13 @@ class DeadlineProtocol(HttpToolsProtocol):
     it first); a client that half-closes still gets the replies of the requests it sent whole.
     A FIN reads the same whether the client half-closed or closed its socket, so while such a
     request (HTTP/1.1) runs the server sends ``100 Continue`` every ``PEER_PROBE_INTERVAL`` seconds:
-    a closed socket answers with a reset, the connection is lost, and the app stops the run."""
+    a closed socket answers with a reset, the connection is lost, and the app stops the run.
+    A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above).
+
+    (HTTP/1.0 gets no probe, and nothing else tells its closed socket from a half-closed one: both
+    read as EOF, ``MSG_PEEK`` included, and stay in CLOSE_WAIT under TCP keepalive probes, which
+    carry no new data; only bytes of the reply itself draw the reset. Its run goes on to its end
+    or ``--request-timeout``.)"""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -77,13 +98,19 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._running: Any = None  # the cycle whose app runs (later pipelined ones wait in ``pipeline``)
         self._deferred: bytes | None = None  # a closing reply due once earlier requests are answered
         self._peer_probe: asyncio.TimerHandle | None = None  # after a FIN, while a reply is due
+        self._arriving = False  # a request has begun and not ended: more of it may come
+        self._linger: asyncio.TimerHandle | None = None  # ends the linger after a close (LINGER_SECONDS)
+        self._dropped = 0  # bytes read and dropped while lingering
+        self._raw: asyncio.Transport = None  # type: ignore[assignment]  # uvicorn's is _Lingering(_raw)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._raw = transport
+        super().connection_made(_Lingering(transport, self))  # type: ignore[arg-type]
         self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._arriving = True
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
@@ -93,7 +120,17 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._running = cycle
-        super()._start_asgi_task(cycle, app)
+        super()._start_asgi_task(cycle, functools.partial(self._closing_if_early, cycle, app))
+
+    async def _closing_if_early(self, cycle: Any, app: Any, scope: Any, receive: Any, send: Any) -> None:
+        """Run ``app``; a reply it starts while its request's body is still arriving closes the
+        connection (``connection: close``, then a linger): the rest of the body is never read."""
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start" and cycle is self.cycle and self._in_body:
+                cycle.keep_alive = False
+            await send(message)
+
+        await app(scope, receive, sending)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -104,7 +141,10 @@ class DeadlineProtocol(HttpToolsProtocol):
     def eof_received(self) -> bool | None:
         """The client shut its side down (its requests sent, as HTTP/1.0 tools and ``nc -N`` do):
         the requests it sent whole are answered, then the connection closes. (uvicorn closed it at
-        once, dropping every reply not yet written.) One whose body or head was cut off never runs."""
+        once, dropping every reply not yet written.) One whose body or head was cut off never runs.
+        While lingering: nothing more comes, close now."""
+        if self._linger is not None:
+            return None
         self._drop_incomplete()
         newest = self.pipeline[0][0] if self.pipeline else self._running
         if self._in_body or newest is None or newest.response_complete:
@@ -133,13 +173,18 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_body = False
+        self._in_body = self._arriving = False
         self._other_bytes = self._body_bytes = 0
         self._completed = True
         self._cancel("_read_deadline")
         self._cancel("_idle_deadline")
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:  # dropped unparsed; past LINGER_BYTES the connection goes
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES:
+                self._raw.abort()
+            return
         if self._deferred is not None:  # the parser stopped at an error; the connection closes soon
             return
         body_before, self._completed = self._body_bytes, False
@@ -187,6 +232,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._cancel("_write_deadline")
         self._cancel("_idle_deadline")
         self._cancel("_peer_probe")
+        self._cancel("_linger")
         running = self._running
         super().connection_lost(exc)
         # uvicorn tells only the newest request; one running ahead of pipelined ones is told too
@@ -235,10 +281,44 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._cancel("_idle_deadline")
             self.flow.pause_reading()
             return
-        replying = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
-        if self._write_deadline is None and not replying:
+        # the request still arriving was answered (or is being answered) by the app: never a second reply
+        answered = self._in_body and self.cycle.response_started
+        if self._write_deadline is None and not answered:
             self.transport.write(reply)
         self.transport.close()
+
+    def _close(self) -> None:
+        """Close the connection (uvicorn's ``transport.close()`` too); while a request is still
+        arriving, linger first: shut the sending side once the reply is out, and read and drop
+        what comes for ``min(LINGER_SECONDS, read_timeout)`` seconds or ``LINGER_BYTES`` bytes."""
+        if self._linger is not None:
+            return
+        if not self._arriving or self._raw.is_closing():
+            self._raw.close()
+            return
+        for name in ("_read_deadline", "_idle_deadline", "_peer_probe"):
+            self._cancel(name)
+        self._linger = self.loop.call_later(min(LINGER_SECONDS, self.read_timeout), self._raw.abort)
+        if self._raw.can_write_eof():  # a TLS transport cannot shut one side: it lingers without
+            self._raw.write_eof()
+        self.flow.resume_reading()
+
+
+class _Lingering:
+    """A connection's transport as uvicorn and ``DeadlineProtocol`` see it: ``close`` is the
+    protocol's (it may linger), and a lingering connection reads as closing."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: DeadlineProtocol):
+        self._transport, self._protocol = transport, protocol
+
+    def close(self) -> None:
+        self._protocol._close()
+
+    def is_closing(self) -> bool:
+        return self._protocol._linger is not None or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def raise_descriptor_limit() -> int:
