@@ -148,6 +148,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_sample", op) for op in _SAMPLE_OPS},
     **{op: ("graphc.dsl.ops_factories", op) for op in _FACTORIES_OPS},
     **{op: ("graphc.dsl.ops_spectral", op) for op in _SPECTRAL_OPS},
+    "device": ("graphc.dsl.devices", "device"),
     **{op: ("graphc.dsl.ops_aliases", op) for op in _ALIASES_OPS},
     **{op: ("graphc.dsl.ops_search", op) for op in _SEARCH_OPS},
     **{op: ("graphc.dsl.ops_special", op) for op in _SPECIAL_OPS},
@@ -253,6 +254,9 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'graphc' has no attribute {name!r}")
     module_name, attr = _LAZY[name]
+    if module_name.startswith("graphc.dsl"):  # gc.Tensor's operators and methods, for ops outside a capture too
+        for bound in ("graphc.dsl.methods", "graphc.dsl.methods_torch"):
+            importlib.import_module(bound)
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
     globals()[name] = value

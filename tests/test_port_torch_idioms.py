@@ -184,6 +184,5 @@ def test_what_does_not_port_says_what_to_do():
         gc.capture(lambda x: x / "M", x=gc.spec("float32", ("N", 4)))
     with pytest.raises(gc.CaptureError, match=r"T <= 32: the dim 'T' is symbolic.*drop the check"):
         gc.capture(lambda x: x if x.shape[1] <= 32 else None, x=gc.spec("float32", ("N", "T")))  # nanoGPT's assert
-    with pytest.raises(gc.CaptureError, match=r"only inside gc.capture.*takes a numpy array \(nn.Parameter\(np.zeros"):
-        gc.zeros(1, 16, 32)
+    assert np.asarray(gc.zeros(1, 16, 32)).shape == (1, 16, 32)  # outside a capture: a value (test_port_family_idioms)
     assert math.isclose(nn.init.calculate_gain("tanh"), 5 / 3)

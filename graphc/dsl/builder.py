@@ -20,6 +20,7 @@ import os
 import sys
 import sysconfig
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ _LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
 # The captures running in this thread / asyncio task, the innermost last (torch keeps its state per thread)
 _CURRENT: contextvars.ContextVar[tuple["Builder", ...]] = contextvars.ContextVar("graphc_builders", default=())
 _NARROW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+# this thread's / task's Builder for ops outside any capture (``Outside``), made on first use
+_OUTSIDE: contextvars.ContextVar["Outside | None"] = contextvars.ContextVar("graphc_outside", default=None)
+_OUTSIDE_KEY = "graphc.outside"  # an ir.Value's meta key: computed by an Outside Builder
 
 
 def user_source() -> str:
@@ -145,12 +149,18 @@ def no_grad():
 
 
 def current() -> "Builder":
+    """The Builder DSL ops record into: the innermost capture's, else this thread's ``Outside`` one."""
     builders = _CURRENT.get()
-    if not builders:
-        raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()}); a Parameter "
-                           f"or buffer made in __init__ takes a numpy array (nn.Parameter(np.zeros((1, 16, 32), "
-                           f"np.float32)), register_buffer('mask', np.tril(np.ones((8, 8)))))")
-    return builders[-1]
+    if builders:
+        return builders[-1]
+    if _OUTSIDE.get() is None:
+        _OUTSIDE.set(Outside())
+    return _OUTSIDE.get()
+
+
+def made_outside(value: ir.Value) -> bool:
+    """Whether ``value`` was computed outside any capture (by an ``Outside`` Builder)."""
+    return bool(value.meta.get(_OUTSIDE_KEY))
 
 
 def operand_text(operand: Any) -> str:
@@ -442,6 +452,24 @@ def ir_shape(shape: Sequence | None) -> ir.Shape | None:
     return None if shape is None else ir.Shape([str(d) if isinstance(d, str) else d for d in shape])
 
 
+class Outside(Builder):
+    """Where DSL ops go outside any capture, as torch's in a module's ``__init__`` (``nn.Parameter(1e-6 *
+    gc.ones(dim))``): each node is evaluated and dropped, its outputs' arrays kept while they live. ``np.asarray``
+    of such a Tensor is its value; a capture reads one as a constant (``ops.emit``). Random draws: seed 0 per thread."""
+
+    def __init__(self) -> None:
+        super().__init__(21, training=False, eager=True)
+
+    def emit(self, *args: Any, **kwargs: Any) -> list[ir.Value]:
+        outs = super().emit(*args, **kwargs)
+        self.scope.nodes.clear()
+        for value in outs:
+            value.meta[_OUTSIDE_KEY] = True
+            weakref.finalize(value, lambda key, kept=(self.values, self.consts): [d.pop(key, None) for d in kept],
+                             id(value))
+        return outs
+
+
 def _nodes(node_list):
     """``node_list`` and the nodes of their subgraphs, depth first."""
     for node in node_list:
@@ -464,4 +492,5 @@ def _short(array: np.ndarray) -> str:
     return np.array2string(np.asarray(array), threshold=6, edgeitems=2, precision=4).replace("\n", "")
 
 
-__all__ = ["Builder", "Scope", "active", "current", "operand_text", "op_error", "type_str", "user_source"]
+__all__ = ["Builder", "Outside", "Scope", "active", "current", "made_outside", "operand_text", "op_error", "type_str",
+           "user_source"]

@@ -32,7 +32,9 @@ def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], op
 
     try:  # inf/NaN results are ONNX semantics, as in a Session's run (numpy backend), not warnings
         with np.errstate(all="ignore"):
-            outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
+            # a random node draws from its own seed attribute (two gc.randn(3) differ, as torch's draws)
+            rng = np.random.default_rng(int(attrs["seed"])) if "seed" in attrs else None
+            outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs, rng=rng))
     except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
         try:
             outs = _reference(op_type, inputs, attrs, opset, node_outputs)

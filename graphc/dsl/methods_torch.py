@@ -5,7 +5,6 @@ already defines keeps its definition there."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from graphc.dsl import (
     ops_views,
 )
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.devices import device, is_device
 from graphc.dsl.inplace import in_place
 from graphc.dsl.tensor import Tensor, is_contiguous, strides, view_strides
 from graphc.errors import CaptureError
@@ -94,8 +94,6 @@ def _new_full(self: Tensor, size: Any, fill_value: Any, dtype: Any = None) -> Te
     return ops_array.full(size, fill_value, self.dtype if dtype is None else dtype)
 
 
-# torch's device types: ``x.to("cuda:0")`` captures as ``x`` (the backend a gc.Session picks runs the graph)
-_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hip|meta)(:\d+)?")
 # torch's legacy tensor type names (``x.type()``) by dtype
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
                "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor", "int16": "ShortTensor",
@@ -110,7 +108,7 @@ def _dtype_or_device(arg: Any) -> tuple[Any, bool]:
         return as_dtype(text if text != str(arg) else arg), False
     except TypeError:
         pass
-    if _DEVICE.fullmatch(text) or _DEVICE.fullmatch(str(getattr(arg, "type", ""))):
+    if is_device(text) or is_device(arg):  # ``x.to("cuda:0")`` captures as ``x``: the session's backend places it
         return None, True
     raise CaptureError(f"to() takes a dtype, a device (cpu, cuda[:N], mps, xpu, hip, meta) or a Tensor, got "
                        f"{arg!r} (at {user_source()})")
@@ -214,6 +212,7 @@ METHODS = {
     "short": lambda a: ops.cast(a, "int16"), "byte": lambda a: ops.cast(a, "uint8"),
     "char": lambda a: ops.cast(a, "int8"), "bfloat16": lambda a: ops.cast(a, "bfloat16"),
     "to": _to, "type": _type, "ndimension": lambda a: a.ndim, "nelement": ops_reshape.numel,
+    "device": property(lambda a: device("cpu")), "is_cuda": property(lambda a: False),  # the session's backend places it
     "element_size": lambda a: a.dtype.numpy.itemsize, "is_floating_point": ops_reshape.is_floating_point,
     "is_complex": lambda a: False,
     # elementwise functions of two or three Tensors, comparisons and bitwise ops (ops_binary)

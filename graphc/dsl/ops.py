@@ -18,7 +18,7 @@ from graphc.dsl.autocast import autocast_op, promoted
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import Outside, current, made_outside, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.upcast import in_float32
 from graphc.passes.infer import InferenceError, broadcast
@@ -166,6 +166,8 @@ def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, nu
     """Record one ``op`` node on ``inputs``; its output Tensor (a list when ``num_outputs > 1``).
     Keywords go to ``Builder.emit`` (``out_types``, ``name_hint``, ``source``, ``evaluator``)."""
     builder = current()
+    if not isinstance(builder, Outside):  # a Tensor computed outside any capture is a constant in it
+        inputs = [constant(t.numpy()) if t is not None and made_outside(t.value) else t for t in inputs]
     values = builder.emit(op, [None if t is None else t.value for t in inputs], attrs, num_outputs,
                           operands=inputs, **kw)
     outs = [Tensor(v, builder.eager_value(v)) for v in values]
@@ -357,9 +359,9 @@ def matmul(a: Any, b: Any) -> Tensor:
 
 
 @autocast_op("cat")
-def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join along ``axis``. Signature: ai.onnx@13::Concat"""
-    tensors = list(tensors)
+def concat(tensors: Sequence[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Join along ``axis`` (torch's ``dim``). Signature: ai.onnx@13::Concat"""
+    axis, tensors = axis if dim is None else dim, list(tensors)
     if not tensors:
         raise CaptureError(f"concat of no tensors (at {user_source()})")
     first = lift(tensors[0])
@@ -370,9 +372,9 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 @autocast_op()
-def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join along a new ``axis`` (Unsqueeze + Concat)."""
-    tensors = [lift(t) for t in tensors]
+def stack(tensors: Sequence[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Join along a new ``axis`` (torch's ``dim``; Unsqueeze + Concat)."""
+    axis, tensors = axis if dim is None else dim, [lift(t) for t in tensors]
     rank = tensors[0].ndim + 1
     axis = axis % rank
     return concat([unsqueeze(t, [axis]) for t in tensors], axis=axis)

@@ -26,6 +26,7 @@ from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.devices import factory
 
 # -- elementwise ------------------------------------------------------------------------------
 
@@ -69,6 +70,7 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
 # -- creation ---------------------------------------------------------------------------------
 
 
+@factory
 def full(size: Sequence[Any], fill_value: Any, dtype: Any = None, *, fn: str = "full") -> Tensor:
     """``size`` filled with ``fill_value`` (dtype: float32 for floats, int64 for ints, bool for bools, as PyTorch
     infers it): a constant where the sizes are ints, else a ConstantOfShape of the sizes read at run time (dim
@@ -83,14 +85,17 @@ def full(size: Sequence[Any], fill_value: Any, dtype: Any = None, *, fn: str = "
                 out_types=[(dt, shape)])
 
 
+@factory
 def zeros(*size: Any, dtype: Any = "float32") -> Tensor:
     return full(size, 0, dtype, fn="zeros")
 
 
+@factory
 def ones(*size: Any, dtype: Any = "float32") -> Tensor:
     return full(size, 1, dtype, fn="ones")
 
 
+@factory
 def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
     """``x``'s shape (symbolic dims too) filled with ``fill_value``. Signature: ai.onnx@9::ConstantOfShape"""
     x = lift(x)
@@ -100,10 +105,12 @@ def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
                 out_types=[(dt, x.shape)])
 
 
+@factory
 def zeros_like(x: Tensor, dtype: Any = None) -> Tensor:
     return full_like(x, 0, dtype)
 
 
+@factory
 def ones_like(x: Tensor, dtype: Any = None) -> Tensor:
     return full_like(x, 1, dtype)
 
@@ -115,6 +122,7 @@ def ir_tensor(array: np.ndarray):
     return ir.Tensor(array)
 
 
+@factory
 def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Tensor:
     """``torch.arange``: int64 for int arguments (dim names too), else float32. Python numbers give a constant;
     a Tensor or dim name bound gives ``Range`` (``arange(T)`` of a dim name ``T`` is ``[T]``). Signature:

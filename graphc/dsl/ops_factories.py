@@ -17,6 +17,7 @@ import numpy as np
 
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.devices import factory
 from graphc.dsl.ops import cast, concat, constant, emit, lift, reshape, same_dtype, stack
 from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like, static_dim
 from graphc.dsl.ops_divide import remainder
@@ -40,6 +41,7 @@ def _dtype(dtype: Any, default: str = "float32") -> DType:
     return as_dtype(default if dtype is None else dtype)
 
 
+@factory
 def eye(n: int, m: int | None = None, dtype: Any = None) -> Tensor:
     """``torch.eye``: ones on the diagonal of an ``n x m`` constant (float32 unless ``dtype``)."""
     n = _count(n, "n", "eye")
@@ -69,6 +71,7 @@ def _spaced(start: Any, end: Any, steps: Any, dtype: DType, work: Any, fused: bo
     return np.where(i < steps // 2, low, high).astype(work)
 
 
+@factory
 def linspace(start: Any, end: Any, steps: int, dtype: Any = None) -> Tensor:
     """``torch.linspace``: ``steps`` evenly spaced values from ``start`` to ``end``, a constant with torch's
     values (float32 and float64 exactly, float16 and bfloat16 computed in float32)."""
@@ -78,6 +81,7 @@ def linspace(start: Any, end: Any, steps: int, dtype: Any = None) -> Tensor:
     return constant(_spaced(start, end, steps, dt, work, floats, "linspace").astype(dt.numpy))
 
 
+@factory
 def logspace(start: Any, end: Any, steps: int, base: float = 10.0, dtype: Any = None) -> Tensor:
     """``torch.logspace``: ``base ** linspace(start, end, steps)``, exponents and powers in float64 as torch's,
     a constant."""
@@ -86,6 +90,7 @@ def logspace(start: Any, end: Any, steps: int, base: float = 10.0, dtype: Any = 
     return constant(np.power(np.float64(base), exponents).astype(dt.numpy))
 
 
+@factory
 def range(start: Any, end: Any, step: Any = 1, dtype: Any = None) -> Tensor:  # noqa: A001 - torch's name
     """``torch.range`` (deprecated in torch): ``start, start + step, ...`` up to and including ``end``;
     float32 unless ``dtype``, a constant."""
@@ -98,16 +103,19 @@ def range(start: Any, end: Any, step: Any = 1, dtype: Any = None) -> Tensor:  # 
     return constant((start + np.arange(count, dtype=np.float64) * step).astype(_dtype(dtype).numpy))
 
 
+@factory
 def empty(*size: Any, dtype: Any = "float32") -> Tensor:
     """``torch.empty``: zeros (a graph holds no uninitialised memory)."""
     return full(size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size, 0, dtype)
 
 
+@factory
 def empty_like(x: Tensor, dtype: Any = None) -> Tensor:
     """``torch.empty_like``: zeros of ``x``'s shape (symbolic dims too)."""
     return full_like(x, 0, dtype)
 
 
+@factory
 def scalar_tensor(s: Any, dtype: Any = None) -> Tensor:
     """``torch.scalar_tensor``: a 0-D constant, float32 unless ``dtype`` (a bool or int too, as torch)."""
     if isinstance(s, Tensor) or not isinstance(s, (bool, int, float, np.number)):
@@ -135,11 +143,13 @@ def _data_array(data: Any, dtype: Any, fn: str) -> np.ndarray:
     return array.astype(as_dtype(array.dtype).numpy)
 
 
+@factory
 def tensor(data: Any, dtype: Any = None) -> Tensor:
     """``torch.tensor``: a constant holding ``data`` (dtype as torch infers it, or ``dtype``)."""
     return constant(_data_array(data, dtype, "tensor"))
 
 
+@factory
 def as_tensor(data: Any, dtype: Any = None) -> Tensor:
     """``torch.as_tensor``: a Tensor is returned as it is (cast when ``dtype`` differs); data as ``gc.tensor``."""
     if isinstance(data, Tensor):
@@ -156,11 +166,13 @@ def _trilu_indices(fn: str, row: int, col: int, offset: int, dtype: Any) -> Tens
     return constant(np.stack(pick(row, int(offset), col)).astype(_dtype(dtype, "int64").numpy))
 
 
+@factory
 def tril_indices(row: int, col: int, offset: int = 0, dtype: Any = None) -> Tensor:
     """``torch.tril_indices``: the ``[2, k]`` (row, column) indices on and below diagonal ``offset``, row by row."""
     return _trilu_indices("tril_indices", row, col, offset, dtype)
 
 
+@factory
 def triu_indices(row: int, col: int, offset: int = 0, dtype: Any = None) -> Tensor:
     """``torch.triu_indices``: the ``[2, k]`` (row, column) indices on and above diagonal ``offset``, row by row."""
     return _trilu_indices("triu_indices", row, col, offset, dtype)

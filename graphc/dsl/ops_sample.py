@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.devices import factory
 from graphc.dsl.dim_sizes import sized
 from graphc.dsl.inplace import into
 from graphc.dsl.ops import cast, const_i64, constant, detach, emit, lift, log, maximum, minimum, scalar
@@ -85,11 +86,13 @@ def _integers(fn: str, low: int, high: int, shape: list, shape_t: Tensor | None,
 # -- torch's factories -------------------------------------------------------------------------
 
 
+@factory
 def rand(*size: Any, dtype: Any = None) -> Tensor:
     """Uniform on [0, 1), float32 unless ``dtype``. ``size``: ints or input dim names (``x.shape[0]``)."""
     return _draw("RandomUniform", *sized(size, "rand"), _float_dtype("rand", dtype or "float32"))
 
 
+@factory
 def randn(*size: Any, dtype: Any = None) -> Tensor:
     """Standard normal, float32 unless ``dtype``. Signature: ai.onnx@1::RandomNormal"""
     return _draw("RandomNormal", *sized(size, "randn"), _float_dtype("randn", dtype or "float32"))
@@ -100,6 +103,7 @@ def _low_high(low: Any, high: Any) -> tuple[int, int]:
     return (0, int(low)) if high is None else (int(low), int(high))
 
 
+@factory
 def randint(low: Any = 0, high: Any = None, size: Any = None, *, dtype: Any = None) -> Tensor:
     """Integers uniform on [low, high): ``randint(high, size)`` or ``randint(low, high, size)``; int64 unless
     ``dtype``."""
@@ -113,24 +117,28 @@ def randint(low: Any = 0, high: Any = None, size: Any = None, *, dtype: Any = No
     return _integers("randint", *_low_high(low, high), *sized((size,), "randint"), dtype)
 
 
+@factory
 def rand_like(input: Tensor, *, dtype: Any = None) -> Tensor:  # noqa: A002 - torch's name
     """``rand`` of ``input``'s shape (symbolic dims too) and dtype."""
     x = lift(input)
     return _draw("RandomUniform", *_shape_of(x), _float_dtype("rand_like", dtype or x.dtype))
 
 
+@factory
 def randn_like(input: Tensor, *, dtype: Any = None) -> Tensor:  # noqa: A002
     """``randn`` of ``input``'s shape and dtype."""
     x = lift(input)
     return _draw("RandomNormal", *_shape_of(x), _float_dtype("randn_like", dtype or x.dtype))
 
 
+@factory
 def randint_like(input: Tensor, low: Any = 0, high: Any = None, *, dtype: Any = None) -> Tensor:  # noqa: A002
     """``randint`` of ``input``'s shape, in ``input``'s dtype (as torch: a float input gives floats)."""
     x = lift(input)
     return _integers("randint_like", *_low_high(low, high), *_shape_of(x), as_dtype(dtype or x.dtype))
 
 
+@factory
 def randperm(n: Any, *, dtype: Any = None) -> Tensor:
     """A random permutation of ``0 .. n-1`` (``n`` an int or an input dim name): the order that sorts
     ``n`` float64 uniforms (TopK). Signature: ai.onnx@11::TopK"""
@@ -141,6 +149,7 @@ def randperm(n: Any, *, dtype: Any = None) -> Tensor:
     return cast(order, dtype) if dtype is not None and as_dtype(dtype) != "int64" else order
 
 
+@factory
 def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, dtype: Any = None) -> Tensor:
     """``mean + std * N(0, 1)``: of ``size`` for numbers, of the broadcast shape when ``mean`` or ``std``
     is a Tensor. No gradient reaches ``mean`` or ``std`` (torch's are zero)."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.devices import factory
 from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, reshape, squeeze, transpose, unsqueeze
 from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
 from graphc.dsl.ops_layers import conv1d, conv_transpose1d
@@ -60,28 +61,33 @@ def _cosines(*coefficients: float):
     return symmetric
 
 
+@factory
 def hann_window(window_length: int, periodic: bool = True, *, dtype: Any = None) -> Tensor:
     """``torch.hann_window``: ``0.5 - 0.5 cos(2 pi n / N)``, a constant (float32 unless ``dtype``)."""
     return _window("hann_window", window_length, periodic, dtype, _cosines(0.5, -0.5))
 
 
+@factory
 def hamming_window(window_length: int, periodic: bool = True, alpha: float = 0.54, beta: float = 0.46, *,
                    dtype: Any = None) -> Tensor:
     """``torch.hamming_window``: ``alpha - beta cos(2 pi n / N)``, a constant."""
     return _window("hamming_window", window_length, periodic, dtype, _cosines(alpha, -beta))
 
 
+@factory
 def blackman_window(window_length: int, periodic: bool = True, *, dtype: Any = None) -> Tensor:
     """``torch.blackman_window``: ``0.42 - 0.5 cos(2 pi n / N) + 0.08 cos(4 pi n / N)``, a constant."""
     return _window("blackman_window", window_length, periodic, dtype, _cosines(0.42, -0.5, 0.08))
 
 
+@factory
 def bartlett_window(window_length: int, periodic: bool = True, *, dtype: Any = None) -> Tensor:
     """``torch.bartlett_window``: the triangle ``1 - |2 n / N - 1|``, a constant."""
     return _window("bartlett_window", window_length, periodic, dtype,
                    lambda m: 1 - np.abs(2 * np.arange(m) / (m - 1) - 1))
 
 
+@factory
 def kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, *, dtype: Any = None) -> Tensor:
     """``torch.kaiser_window``: ``I0(beta sqrt(1 - (2 n / N - 1)^2)) / I0(beta)``, a constant."""
     return _window("kaiser_window", window_length, periodic, dtype, lambda m: np.kaiser(m, beta))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl.builder import active, current, type_str, user_source
+from graphc.dsl.builder import active, current, made_outside, type_str, user_source
 from graphc.errors import CaptureError
 from graphc.model.dtypes import DType, as_dtype
 from graphc.passes.values import static_shape
@@ -130,6 +130,8 @@ class Tensor:
         raise CaptureError(f"traced value {self.value.name} used as a Python int at {user_source()}")
 
     def __array__(self, dtype: Any = None, copy: Any = None):
+        if made_outside(self.value):  # computed outside any capture (a module's __init__): its value
+            return self._value if dtype is None else self._value.astype(dtype)
         hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
         raise CaptureError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
                          f"{user_source()}: inside forward use gc.* functions on it{hint}")

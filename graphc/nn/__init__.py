@@ -1,5 +1,6 @@
 """`gc.nn`: modules and layers with PyTorch's names, layouts and default initialisation."""
 
+from graphc.dsl import methods, methods_torch  # noqa: F401  (gc.Tensor's operators: torch code in __init__ uses them)
 from graphc.nn import functional, init, utils
 from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
                                   LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmax2d, Softmin,

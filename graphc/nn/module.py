@@ -16,7 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.devices import is_device
 from graphc.dsl.inplace import write
+from graphc.dsl.ops import detach
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
@@ -28,11 +30,16 @@ class Parameter:
 
     Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
     array (numpy's default, which torch's float32 default would not give) is float32, so a float32
-    model is not made float64 by an array; float32 without ``data``."""
+    model is not made float64 by an array; a ``gc.Tensor`` computed outside a capture keeps its dtype;
+    float32 without ``data``. ``requires_grad=False`` (torch's frozen parameter) is read through
+    ``gc.detach``: no gradient, not trained."""
 
-    def __init__(self, data: Any = None, *, shape: Any = None, init: _init.Init | None = None,
-                 dtype: Any = None, buffer: bool = False):
+    def __init__(self, data: Any = None, requires_grad: bool = True, *, shape: Any = None,
+                 init: _init.Init | None = None, dtype: Any = None, buffer: bool = False):
+        self.requires_grad = requires_grad
+        self.persistent = True  # in state_dict (``Module.register_buffer(..., persistent=False)``: not)
         if data is not None:
+            dtype = data.dtype if dtype is None and isinstance(data, Tensor) else dtype
             data = np.asarray(data)
             if dtype is None:
                 dtype = "float32" if data.dtype == np.float64 else data.dtype
@@ -129,7 +136,10 @@ class Module:
         if "_parameters" in d and name in d["_parameters"]:
             param = d["_parameters"][name]
             builder = active()
-            return param if builder is None else _param_tensor(builder, self, name, param)
+            if builder is None:
+                return param
+            tensor = _param_tensor(builder, self, name, param)
+            return tensor if param.requires_grad or param.buffer else detach(tensor)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         if name in d.get("_computed", {}):
@@ -147,10 +157,14 @@ class Module:
         else:
             object.__delattr__(self, name)
 
-    def register_buffer(self, name: str, value: Any, *, dtype: Any = None) -> None:
-        """``self.<name>``: state that is not trained, in ``state_dict()``; ``value`` an array in its
-        dtype, but float64 is float32 unless ``dtype="float64"`` (``Parameter``'s rule); None: no buffer."""
-        self.__setattr__(name, None if value is None else Parameter(value, dtype=dtype, buffer=True))
+    def register_buffer(self, name: str, value: Any, persistent: bool = True, *, dtype: Any = None) -> None:
+        """``self.<name>``: state that is not trained, in ``state_dict()`` unless not ``persistent`` (torch's
+        rotary ``inv_freq``); ``value`` an array in its dtype, but float64 is float32 unless ``dtype="float64"``
+        (``Parameter``'s rule), or a ``gc.Tensor`` computed here; None: no buffer."""
+        buffer = None if value is None else Parameter(value, dtype=dtype, buffer=True)
+        if buffer is not None:
+            buffer.persistent = persistent
+        self.__setattr__(name, buffer)
 
     def register_computed(self, name: str, compute: Any, per_call: bool = False) -> None:
         """Make ``self.<name>`` read ``compute(self)`` (``compute=None``: forget it): a weight made
@@ -248,13 +262,13 @@ class Module:
         a tensor shared by two modules appears under both keys, as in PyTorch."""
         if any(p.data is None for _, p in self._named_tensors()):
             self.init_parameters(0)
-        return {name: p.numpy() for name, p in self._named_tensors(remove_duplicate=False)}
+        return {name: p.numpy() for name, p in self._named_tensors(remove_duplicate=False) if p.persistent}
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
         """Set parameters and buffers from ``state`` (arrays by PyTorch's keys, e.g. a safetensors
         file PyTorch wrote). ``strict``: a key missing or unexpected is an error; a shape that
         differs always is. Nothing is set when an error is raised."""
-        own = dict(self._named_tensors(remove_duplicate=False))
+        own = {k: p for k, p in self._named_tensors(remove_duplicate=False) if p.persistent}
         arrays = {k: np.asarray(v) for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -292,7 +306,7 @@ class Module:
         ``num_batches_tracked``, stay). A device (``"cpu"``, ``"cuda:0"``, a ``torch.device``) changes
         nothing: graphc chooses it per session (``backend="ort-cuda"``)."""
         for arg in args:
-            if _is_device(arg):
+            if is_device(arg):
                 continue
             arg = arg.dtype if _is_tensor(arg) else arg
             if dtype is not None:
@@ -383,13 +397,6 @@ def not_default(module: Module, **defaults: Any) -> list[str]:
     arguments torch's reprs show only when set."""
     return [f"{name}={getattr(module, name)!r}" for name, default in defaults.items()
             if getattr(module, name) != default]
-
-
-def _is_device(arg: Any) -> bool:
-    """A device as torch's ``Module.to`` takes it: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``."""
-    if type(arg).__name__ == "device" and type(arg).__module__.split(".")[0] == "torch":
-        return True
-    return isinstance(arg, str) and arg.split(":")[0] in ("cpu", "cuda", "mps", "xpu", "meta")
 
 
 def _is_tensor(arg: Any) -> bool:
