@@ -8,7 +8,8 @@ HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.func
 def port(source: str) -> str:
     """``source`` with graphc's torch-like modules imported under torch's names; nothing else changes."""
     return (source.replace("import torch.nn.functional as F", "import graphc.nn.functional as F")
-            .replace("import torch.nn as nn", "import graphc.nn as nn").replace("import torch\n", "import graphc as torch\n"))
+            .replace("import torch.nn as nn", "import graphc.nn as nn")
+            .replace("import torch\n", "import graphc as torch\n"))
 
 
 UNET = HEADER + '''
