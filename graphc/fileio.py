@@ -30,14 +30,10 @@ def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
     target = Path(path)
     if target.is_dir():
         raise IsADirectoryError(f"cannot write {target}: it is a directory")
-    with made_folders(target.parent):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(target)
-        tmp = temp_path(target)
+    with _temp_beside(target) as tmp:
         try:
-            with _naming(tmp, target):
-                write_synced(tmp, data, mode)
-                os.replace(tmp, target)
+            write_synced(tmp, data, mode)
+            os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -49,17 +45,25 @@ def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
 def scratch_dir(target: PathLike) -> Iterator[Path]:
     """A fresh temp folder beside ``target`` (stale ones of the target removed first) for a
     writer that fills it, fsyncs (``sync_tree``) and moves its files into place; removed on exit."""
-    target = Path(target)
+    with _temp_beside(Path(target)) as tmp:
+        try:
+            tmp.mkdir()
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _temp_beside(target: Path) -> Iterator[Path]:
+    """A fresh temp path beside ``target``: its folder made where missing (removed again, while
+    empty, where the block fails: ``made_folders``), stale temps of ``target`` removed first, and
+    an ``OSError`` naming the temp raised naming ``target`` (``_naming``)."""
     with made_folders(target.parent):
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(target)
         tmp = temp_path(target)
-        try:
-            with _naming(tmp, target):
-                tmp.mkdir()
-                yield tmp
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with _naming(tmp, target):
+            yield tmp
 
 
 @contextmanager
