@@ -156,7 +156,7 @@ def test_format_2_progress_is_read_weighted_by_batch_size(tmp_path):
     now = meta.model_copy(update={"format": ckpt.FORMAT})
     assert ckpt.batch_weighted(now).loss_sum == 3.0
     path = ckpt.save(tmp_path / "c.safetensors", tensors(), now)
-    assert ckpt.read_meta(path).format == "graphc-checkpoint/4"
+    assert ckpt.read_meta(path).format == "graphc-checkpoint/5"
 
 
 def test_a_format_2_checkpoint_without_format_3_fields_still_verifies(tmp_path):

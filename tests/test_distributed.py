@@ -515,6 +515,27 @@ def test_class_weighted_cross_entropy_trains_and_evaluates_as_one_process(ray_cl
     dp.shutdown()
 
 
+def test_a_summed_loss_fits_to_one_processs_epoch_losses(ray_cluster):
+    """With ``reduction="sum"`` each worker's shard sum adds up to the batch's; the epoch's train
+    and eval losses are the totals per row (``averaging.epoch_weight``), one process's numbers:
+    batches of 8, 8, 4 (shards of 4 + 4, 2 + 2) and eval batches of 6, 6, 3."""
+    model = gc.capture(nn.Linear(6, 4, dtype="float64"), seed=0, x=gc.spec("float64", ("N", 6)))
+    loss = gc.losses.cross_entropy("output", label="y", reduction="sum", ignore_index=IGNORED)
+    arts = gc.training.generate(model, loss, gc.optim.SGD(0.05))
+    data = {"x": RNG.standard_normal((35, 6)), "y": RNG.integers(0, 4, 35)}
+    data["y"][:3] = IGNORED
+    dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
+    loader = gc.data.DataLoader({k: v[:20] for k, v in data.items()}, batch_size=8, shuffle=False)
+    evaluation = gc.data.DataLoader({k: v[20:] for k, v in data.items()}, batch_size=6, shuffle=False)
+    got, want = (t.fit(loader, epochs=2, eval_loader=evaluation, progress=False, quiet=True) for t in (dp, single))
+    np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+    for g, w, steps in zip(got.epochs, want.epochs, (want.step_losses[:3], want.step_losses[3:]), strict=True):
+        assert g.loss == pytest.approx(w.loss, rel=1e-12) and g.eval["loss"] == pytest.approx(w.eval["loss"], rel=1e-12)
+        assert g.loss == pytest.approx(sum(steps) / 20, rel=1e-12)
+    assert got.epochs[-1].eval["loss"] == pytest.approx(dp.evaluate_loader(evaluation)["loss"] / 15, rel=1e-12)
+    dp.shutdown()
+
+
 class _BN1dNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -34,9 +34,23 @@ def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> floa
 
 def weight(loss: dict, count: int, rows: int) -> float:
     """``shard_weight`` of a part of ``rows`` rows whose ``examples`` are ``count``."""
-    if (loss.get("options") or {}).get("reduction") == "sum":
+    if summed(loss):
         return 1.0 if rows else 0.0
     return float(count)
+
+
+def summed(loss: dict) -> bool:
+    """Whether ``loss`` is summed (``reduction="sum"``): a total over its examples, not a mean."""
+    return (loss.get("options") or {}).get("reduction") == "sum"
+
+
+def epoch_weight(loss: dict, rows: int) -> int:
+    """What the loss of a train step on ``rows`` rows counts by in its epoch's loss, the
+    weighted sum over the epoch's rows: for a mean loss its rows (the epoch's mean over its
+    samples, as Keras reports it); for a summed loss 1, so the epoch's is its total per row, as
+    torch's examples report a summed loss (the set's sum / ``len(dataset)``): not growing with
+    the batch size or the set, and on the scale of the epoch's eval loss (``Trainer._epoch_eval``)."""
+    return 1 if summed(loss) else rows
 
 
 def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
@@ -45,7 +59,7 @@ def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
     if weight == 0:  # class weights may be negative, as torch's: their sum too
         raise InputError(f"no sample of {what} counts in the loss (it has no rows, or every label is the "
                          "ignore_index, or their class weights sum to 0)")
-    return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
+    return 1.0 if summed(loss) else weight
 
 
 def counted_labels(loss: dict, shard: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

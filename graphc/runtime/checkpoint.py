@@ -43,14 +43,16 @@ __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "Checkpoint
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
 ARTIFACTS_MANIFEST = "manifest.json"  # what makes a folder one of training artifacts (``compile.training``)
-FORMAT = "graphc-checkpoint/4"
-# Formats 1 to 3 are still read. Format 1's digest covers the tensors only (not the header);
-# 1 and 2 keep ``progress.loss_sum`` as the plain sum of the steps' losses (``batch_weighted``)
-# and lack format 3's fields; up to 3 a non-finite train-metric sum may be written as null
-# (pydantic's default then; format 4 writes "NaN", "Infinity", "-Infinity"), read as NaN.
+FORMAT = "graphc-checkpoint/5"
+# Formats 1 to 4 are still read. Format 1's digest covers the tensors only (not the header);
+# 1 and 2 keep ``progress.loss_sum`` as the plain sum of the steps' losses, 3 and 4 a summed
+# loss's weighted by batch size as a mean loss's (``batch_weighted``); 1 and 2 lack format 3's
+# fields; up to 3 a non-finite train-metric sum may be written as null
+# (pydantic's default then; from format 4 on "NaN", "Infinity", "-Infinity"), read as NaN.
 _TENSOR_ONLY_DIGEST_FORMAT = "graphc-checkpoint/1"
 _UNWEIGHTED_FORMATS = (_TENSOR_ONLY_DIGEST_FORMAT, "graphc-checkpoint/2")
-FORMATS = (*_UNWEIGHTED_FORMATS, "graphc-checkpoint/3", FORMAT)
+_ROW_WEIGHTED_FORMATS = ("graphc-checkpoint/3", "graphc-checkpoint/4")
+FORMATS = (*_UNWEIGHTED_FORMATS, *_ROW_WEIGHTED_FORMATS, FORMAT)
 _NULL_SUM_FORMATS = FORMATS[:3]
 _META_KEY = "graphc"
 
@@ -85,7 +87,7 @@ class EpochProgress(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
     steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
-    loss_sum: float = 0.0           # their losses times their batch sizes, added in order (float64)
+    loss_sum: float = 0.0           # their losses times ``averaging.epoch_weight``, added in order (float64)
     samples: NonNegativeInt = 0
     seconds: NonNegativeFloat = 0.0  # train time so far
     metric_sums: dict[str, float] = {}  # train metric -> its batch values times their examples, added in order
@@ -108,14 +110,21 @@ class EpochProgress(BaseModel):
         return value
 
 
-def batch_weighted(meta: "CheckpointMeta") -> EpochProgress:
-    """``meta.progress`` as fit keeps it from format 3 on: an earlier checkpoint's plain sum of
-    the steps' losses becomes their mean times the samples (exact where the batches were equal,
-    as all but an epoch's last are), and its metric sums, weighted by rows, cover its samples."""
+def batch_weighted(meta: "CheckpointMeta", summed: bool = False) -> EpochProgress:
+    """``meta.progress`` as fit keeps it from format 5 on, for a loss ``summed`` or not
+    (``averaging.epoch_weight``): formats 1 and 2's plain sum of the steps' losses becomes, for a
+    mean loss, their mean times the samples, and their metric sums, weighted by rows, cover
+    the samples; formats 3 and 4's summed loss, weighted by batch size, becomes the plain sum
+    (both exact where the batches were equal, as all but an epoch's last are)."""
     sums = meta.progress.model_copy()
-    if meta.format in _UNWEIGHTED_FORMATS and sums.steps:
-        sums.loss_sum = sums.loss_sum / sums.steps * sums.samples
+    if not sums.steps:
+        return sums
+    if meta.format in _UNWEIGHTED_FORMATS:
         sums.metric_examples = sums.samples
+        if not summed:
+            sums.loss_sum = sums.loss_sum / sums.steps * sums.samples
+    elif summed and meta.format in _ROW_WEIGHTED_FORMATS:
+        sums.loss_sum = sums.loss_sum / sums.samples * sums.steps
     return sums
 
 

@@ -572,10 +572,23 @@ class Trainer:
         add up. A batch whose counted labels weigh 0 in all is evaluated joined to the batch before
         it (the first ones to the one after): its own mean divides by 0, yet its labels count in the
         metrics and, with label smoothing, its smoothing term in the set's weighted sum."""
+        return self._evaluated(loader)[0]
+
+    def _epoch_eval(self, loader) -> dict[str, float]:
+        """``evaluate_loader(loader)`` as an epoch's record holds it: a summed loss per row (the
+        set's total / its rows), on the scale of the epoch's train loss (``averaging.epoch_weight``)."""
+        result, rows = self._evaluated(loader)
+        if averaging.summed(self.manifest.loss):
+            result["loss"] /= rows
+        return result
+
+    def _evaluated(self, loader) -> tuple[dict[str, float], int]:
+        """``evaluate_loader(loader)`` and the rows of the batches it counted."""
         if isinstance(loader, DataLoader):
             check_batches(loader, "eval loader")
         loss_spec = self.manifest.loss
         loss_sum = weight = count = 0.0
+        total_rows = 0
         totals: dict[str, float] = {}
         group: list[tuple[int, Mapping[str, Any], float]] = []  # (number, batch, weight) evaluated as one: a
         group_weight = group_count = 0.0  # batch that weighs and the weightless ones next to it
@@ -594,6 +607,7 @@ class Trainer:
             w = averaging.shard_weight(loss_spec, batch, rows)
             if not (n or w):
                 continue
+            total_rows += rows
             if w and group_weight:
                 add()
                 group, group_weight, group_count = [], 0.0, 0.0
@@ -602,7 +616,7 @@ class Trainer:
         if group_weight:
             add()
         return {"loss": loss_sum / averaging.divisor(loss_spec, weight, "the eval loader"),
-                **{key: value / count if count else float("nan") for key, value in totals.items()}}
+                **{key: value / count if count else float("nan") for key, value in totals.items()}}, total_rows
 
     def _joined_batch(self, group: list[tuple[int, Mapping[str, Any], float]]) -> dict[str, Any]:
         """The (number, batch, weight) of ``group`` as one batch of the eval graph's inputs: those
@@ -628,7 +642,8 @@ class Trainer:
         ``epochs`` epochs are done (counted from the first, so a resumed trainer continues where its
         checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress
         bar within each epoch (not with ``progress=False``) and one line per epoch with the mean
-        train loss, the train metrics (``self.metrics`` computed from each step's own
+        train loss (a summed loss's per row, as its eval loss: ``averaging.epoch_weight``), the
+        train metrics (``self.metrics`` computed from each step's own
         training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3)
         and the eval loss and metrics (neither with ``quiet=True``);
         appends the same per epoch to ``log`` (``.jsonl`` or ``.csv``,
@@ -697,7 +712,7 @@ class Trainer:
                 TrainProgress(epochs, len(loader), bar=progress and not quiet, lines=not quiet) as bar:
             while self.epoch < epochs:
                 self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
-                metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
+                metrics = self._epoch_eval(eval_loader) if eval_loader is not None else {}
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
                     record.lr = lr_group(self)["lr"] if "lr" in self._entries else None  # as set, not float32's
@@ -783,7 +798,7 @@ class Trainer:
                 self.batch_in_epoch += 1
                 if not scaled_away:
                     sums.steps += 1
-                    sums.loss_sum += loss * rows  # weighted by batch size, as the train metrics and Keras
+                    sums.loss_sum += loss * averaging.epoch_weight(self.manifest.loss, rows)
                     sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
@@ -1094,7 +1109,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
         self._reset_state(tensors, consume=True)
         self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
-        self._progress = ckpt.batch_weighted(meta)
+        self._progress = ckpt.batch_weighted(meta, averaging.summed(self.manifest.loss))
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
