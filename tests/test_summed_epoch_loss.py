@@ -12,6 +12,7 @@ import pytest
 import graphc as gc
 from graphc import nn
 from graphc.runtime import checkpoint as ckpt
+from graphc.runtime.progress import TrainProgress
 from graphc.runtime.trainer import SIGNAL_HOOK_ENV, TrainingInterrupted
 from cli_util import run_cli
 
@@ -98,8 +99,9 @@ def test_the_epoch_line_of_graphc_train_gives_a_summed_loss_per_row(tmp_path, ca
 
 def test_a_resumed_epoch_of_a_summed_loss_reports_as_one_run(tmp_path, monkeypatch):
     """Stopped mid-epoch (Ctrl-C after step 2 of 3), the checkpoint keeps the steps' summed losses
-    as they are (format 5): the resumed epoch's loss is the uninterrupted one's. A format 4
-    checkpoint's, weighted by batch size as a mean loss's, is read back as their plain sum."""
+    as they are (format 5): the resumed epoch's loss is the uninterrupted one's, and so is its bar's
+    first figure. A format 4 checkpoint's, weighted by batch size as a mean loss's, is read back as
+    their plain sum."""
     train = _data("mse", TRAIN)
     loader = gc.data.DataLoader(train, BATCH, shuffle=False)
     whole = gc.Trainer(_arts("mse", 0.05), backend="numpy").fit(loader, 1, progress=False, quiet=True)
@@ -112,8 +114,11 @@ def test_a_resumed_epoch_of_a_summed_loss_reports_as_one_run(tmp_path, monkeypat
     monkeypatch.delenv(SIGNAL_HOOK_ENV)
     meta = ckpt.read_meta(tmp_path / "ckpt")
     assert (meta.format, meta.batch_in_epoch, meta.progress.loss_sum) == ("graphc-checkpoint/5", 2, steps[0] + steps[1])
+    starts = []  # the bar's figure as the resumed epoch starts: the running loss of its first 2 steps
+    monkeypatch.setattr(TrainProgress, "start_epoch", lambda self, epoch, done, mean: starts.append(mean))
     resumed = gc.Trainer(tmp_path / "ckpt", backend="numpy").fit(loader, 1, progress=False, quiet=True)
     assert resumed.epochs[0].loss == pytest.approx(whole.epochs[0].loss, rel=1e-12)
+    assert starts == [pytest.approx((steps[0] + steps[1]) / (2 * BATCH), rel=1e-12)]  # was the sum / the steps
     old = meta.model_copy(update={"format": "graphc-checkpoint/4", "progress": meta.progress.model_copy(
         update={"loss_sum": (steps[0] + steps[1]) * BATCH})})
     assert ckpt.batch_weighted(old, summed=True).loss_sum == pytest.approx(steps[0] + steps[1], rel=1e-15)

@@ -769,7 +769,7 @@ class Trainer:
         """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on."""
         hook = _signal_hook()
         sums = self._progress
-        bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.steps if sums.steps else None)
+        bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.samples if sums.samples else None)
         last = time.perf_counter()
         first = self._batch_names[0] if self._batch_names else None
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
