@@ -80,4 +80,4 @@ def test_cli_tensorboard(capsys, tmp_path):
     (root / "file").write_text("")
     err = one_line_error(run_cli(capsys, "train", root / "arts", "--data", root / "data.npz", "--epochs", "1",
                                  "--batch-size", "32", "--backend", "numpy", "--tensorboard", root / "file"))
-    assert "is a file, not a directory" in err
+    assert "file: a file, not a folder; expected a folder" in err
