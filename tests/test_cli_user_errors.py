@@ -62,6 +62,8 @@ def test_did_you_mean_suggests_only_near_misses():
      "Invalid value for '--epochs': Input should be greater than or equal to 1 (got '0')"),
     (["parity", "{ws}/mlp.onnx", "--rtol", "1e-3x"], "unable to parse string as a number (got '1e-3x')"),
     (["serve", "{ws}/mlp.onnx", "--port", "70000"], "less than or equal to 65535 (got '70000')"),
+    (["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{ws}/repo", "--name", "m", "--max-batch-size", "-3"],
+     "Invalid value for '--max-batch-size': Input should be greater than or equal to 0 (got '-3')"),
 ])
 def test_an_option_value_refused_by_its_type_is_named(ws, capsys, args, said):
     """typer 0.29 checks option values with pydantic, whose message leaves out the value (`Invalid
@@ -150,13 +152,17 @@ def test_ctrl_c_while_saving_leaves_no_new_folder(ws, tmp_path, capsys, monkeypa
     (["deploy", "triton", "{ws}/arts", "--repo", "{ws}/repo", "--name", "m"],
      "{ws}/arts: training artifacts, not an ONNX model; write its inference model first: graphc export {ws}/arts "
      "-o model.onnx"),
+    (["serve", "{ws}/arts"],
+     "{ws}/arts: training artifacts, not an ONNX model; write its inference model first: graphc export {ws}/arts "
+     "-o model.onnx, then serve model.onnx"),
     (["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{ws}/repo", "--name", "m", "--dynamic-batching"],
      "--dynamic-batching lets Triton merge requests along dim 0, which needs --max-batch-size N > 0 too"),
 ])
 def test_an_output_or_model_of_the_wrong_kind_is_named_by_its_option(ws, capsys, args, said):
     """Before: `IsADirectoryError: cannot write {ws}`, `cannot write model 'm' into the repository
-    ...: File exists`, `ModelLoadError: arts: not a file (a folder or a device)` and the API's
-    `dynamic_batching needs max_batch_size > 0`, none naming the option given."""
+    ...: File exists`, `ModelLoadError: arts: not a file (a folder or a device)` (by serve: `no models
+    found`) and the API's `dynamic_batching needs max_batch_size > 0`, none naming the
+    option given."""
     np.save(ws / "x.npy", RNG.standard_normal((3, 8)).astype(np.float32))
     err = one_line_error(run_cli(capsys, *[a.format(ws=ws) for a in args]))
     assert said.format(ws=ws) in err, err

@@ -21,7 +21,7 @@ def triton_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The .onnx model."),
     repo: Path = typer.Option(..., "--repo", metavar="DIR", help="The Triton model repository folder."),
     name: str = typer.Option(..., "--name", help="The model's name (its folder in the repository)."),
-    max_batch_size: int = typer.Option(0, "--max-batch-size", help="> 0: Triton batches along dim 0 (must be symbolic)."),
+    max_batch_size: int = typer.Option(0, "--max-batch-size", min=0, help="> 0: Triton batches along dim 0 (must be symbolic)."),
     gpu: bool = typer.Option(False, "--gpu", help="Run instances on the GPU (KIND_GPU) instead of the CPU."),
     dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
@@ -53,16 +53,17 @@ def triton_cmd(
                          f"{folder / str(versions[-1]) / 'model.onnx'}{kept}"), highlight=False, soft_wrap=True)
 
 
-def check_deployable(model: Path) -> None:
-    """Refuse training artifacts or a checkpoint given as MODEL.onnx, saying to export it first
-    (read as a model, a folder was only "not a file")."""
+def check_deployable(model: Path, then: str = "deploy") -> None:
+    """Refuse training artifacts or a checkpoint given as MODEL.onnx, saying to export it first and
+    ``then`` (the command) the file (read as a model, a folder was only "not a file"; by serve, a
+    repository with no models)."""
     from graphc.cli.inspect_training import training_kind
 
     kind = training_kind(model)
     if kind is not None:
         what = "training artifacts" if kind == "artifacts" else "a checkpoint"
         raise InputError(f"{model}: {what}, not an ONNX model; write its inference model first: graphc export "
-                         f"{model} -o model.onnx, then deploy model.onnx")
+                         f"{model} -o model.onnx, then {then} model.onnx")
 
 
 @app.command("serve")
@@ -93,6 +94,7 @@ def serve_cmd(
 
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
+    check_deployable(source, then="serve")
     options = {} if threads is None else {"threads": threads}
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
                                             ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),

@@ -45,7 +45,7 @@ def optimize_cmd(
                                         "model (gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
 ) -> None:
-    """Optimize MODEL.onnx and write OUT.onnx atomically.
+    """Optimize MODEL.onnx and write FILE.onnx (-o) atomically.
 
     Example: graphc optimize net.onnx -o net.opt.onnx -O 3 --report. An invalid or
     unsupported model exits with status 2 and writes nothing.
