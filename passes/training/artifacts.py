@@ -304,16 +304,15 @@ def _prepare(model: ir.Model) -> ir.Model:
     IR < 4 exports list them: training graphs re-expose the trainable ones), shared weights that
     constant folding copied computed again from the weight (``imports.retie_folded_copies``),
     params an export merged for their equal values apart again (``imports.untie_merged_params``),
-    each BatchNorm's running statistics its own (``modes.own_batchnorm_stats``), shapes inferred."""
+    torch's ``detach`` a stop-gradient (``imports.mark_detached``), each BatchNorm's running
+    statistics its own (``modes.own_batchnorm_stats``), shapes inferred."""
     opset = onnx_opset(model, 0)
-    if opset < MIN_OPSET:
-        base = _upgrade(model, opset)
-    else:
-        base = model.clone()
+    base = _upgrade(model, opset) if opset < MIN_OPSET else model.clone()
     RemoveInitializersFromInputsPass()(base)
     imports.promote_constant_weights(base)
     imports.retie_folded_copies(base)
     imports.untie_merged_params(base)
+    imports.mark_detached(base)
     modes.own_batchnorm_stats(base.graph)
     _infer_shapes(base)
     if fold_integer_values(base):  # exporters' computed pads/shapes: static shapes downstream

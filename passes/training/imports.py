@@ -28,7 +28,10 @@ Exporters keep weights in odd places. This pass handles:
    copy is computed from the weight again (``retie_folded_copies``), so both train as one;
 8. separate parameters that TorchScript merged for their equal values (an eval-mode export of
    fresh norm layers: ``ln2.weight = Identity(bn1.weight)``): each gets its own initializer
-   again (``untie_merged_params``), so they train apart, as in torch.
+   again (``untie_merged_params``), so they train apart, as in torch;
+9. torch's ``detach`` (a straight-through estimator, a param read only as ``p.detach()``): the
+   dynamo exporter writes an Identity recording it, which stops the gradient as ``gc.detach``
+   does (``mark_detached``). TorchScript writes nothing for it.
 
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
@@ -45,6 +48,7 @@ import onnx_ir as ir
 
 from graphc.model import BUFFERS_KEY, SOURCE_KEY
 from graphc.passes.autodiff.registry import settings_only
+from graphc.passes.values import STOP_GRADIENT_KEY
 
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
@@ -93,6 +97,7 @@ _NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path: ['', 'emb',
 _FX_NODE = "pkg.torch.onnx.fx_node"  # the torch.export node it came from, its inputs as %placeholders
 _PLACEHOLDER = "pkg.torch.onnx.original_node_name"  # an initializer's placeholder there (p_emb_weight)
 _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
+_DETACH_TARGET = "target=torch.ops.aten.detach.default]"  # in a node's fx_node: torch's detach
 
 
 def _torchscript(model: ir.Model) -> bool:
@@ -159,6 +164,20 @@ def untie_merged_params(model: ir.Model) -> list[str]:
         own = ir.tensor(source.const_value.numpy().copy(), dtype=source.dtype, name=out.name)
         untied.append(_as_initializer(graph, node, own, "merged").name)
     return untied
+
+
+def mark_detached(model: ir.Model) -> list[str]:
+    """Mark each Identity that a dynamo export recorded as torch's ``detach`` (its fx node calls
+    ``aten.detach``) as stopping the gradient, in place; returns their outputs' names. Torch sends
+    no gradient through it: differentiated, a straight-through estimator ``x + (q - x).detach()``
+    got the gradient of ``q``, and a param read only through it trained."""
+    marked = []
+    for node in model.graph:
+        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") \
+                and _DETACH_TARGET in node.metadata_props.get(_FX_NODE, ""):
+            node.metadata_props[STOP_GRADIENT_KEY] = "true"
+            marked.append(node.outputs[0].name)
+    return marked
 
 
 def _copy_op(source: np.ndarray, array: np.ndarray) -> str | None:
