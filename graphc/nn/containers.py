@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from graphc.errors import CaptureError
-from graphc.nn.module import Module, Parameter, repr_block
+from graphc.nn.module import Module, Parameter
+from graphc.nn.reprs import repr_block
 
 
 def _index(i: int, n: int, kind: str) -> int:

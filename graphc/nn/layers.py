@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_nn
-from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into
+from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
@@ -18,7 +18,8 @@ from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
 from graphc.nn.activation import AlongDim, InPlace
 from graphc.nn.dropout import DropoutLayer
-from graphc.nn.module import Module, Parameter, not_default
+from graphc.nn.module import Module, Parameter
+from graphc.nn.reprs import not_default
 from graphc.nn.sparse import padding_row_init
 from graphc.passes.values import SYNC_BATCHNORM_KEY
 

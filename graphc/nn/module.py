@@ -1,4 +1,4 @@
-"""`gc.nn.Module` and `gc.nn.Parameter`, shaped after ``torch.nn``.
+"""`gc.nn.Module`, shaped after ``torch.nn.Module`` (``gc.nn.Parameter``: ``graphc.nn.parameter``).
 
 Sub-modules and parameters register in definition order; parameter names are attribute paths
 (``fc1.weight``). Parameters are drawn when the module is initialised (``init_parameters(seed)``,
@@ -9,88 +9,24 @@ backed by an initializer named by the parameter's path.
 
 from __future__ import annotations
 
-import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.builder import active, user_source
 from graphc.dsl.devices import is_device
 from graphc.dsl.inplace import write
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
-from graphc.nn import init as _init
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
+from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
+from graphc.nn.parameter import Parameter, param_tensor
+from graphc.nn.reprs import repr_block
 
-
-class Parameter:
-    """A trainable tensor (``buffer=True``: state such as BatchNorm's running mean).
-
-    Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
-    array (numpy's default, which torch's float32 default would not give) is float32, so a float32
-    model is not made float64 by an array; a ``gc.Tensor`` computed outside a capture keeps its dtype;
-    float32 without ``data``. ``requires_grad=False`` (torch's frozen parameter) is read through
-    ``gc.detach``: no gradient, not trained."""
-
-    def __init__(self, data: Any = None, requires_grad: bool = True, *, shape: Any = None,
-                 init: _init.Init | None = None, dtype: Any = None, buffer: bool = False):
-        self.requires_grad = requires_grad
-        self.persistent = True  # in state_dict (``Module.register_buffer(..., persistent=False)``: not)
-        if data is not None:
-            dtype = data.dtype if dtype is None and isinstance(data, Tensor) else dtype
-            data = np.asarray(data)
-            if dtype is None:
-                dtype = "float32" if data.dtype == np.float64 else data.dtype
-            shape = data.shape
-            data = data.astype(to_numpy(as_dtype(dtype)))
-        if shape is None:
-            raise CaptureError("gc.nn.Parameter needs data or a shape")
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = as_dtype("float32" if dtype is None else dtype)
-        self.init = init or _init.zeros
-        self.buffer = buffer
-        self._data: np.ndarray | None = data
-        self.user_set = data is not None
-        self.qualname: str | None = None
-
-    @property
-    def data(self) -> np.ndarray | None:
-        """The value (None until initialised or assigned)."""
-        return self._data
-
-    @data.setter
-    def data(self, value: Any) -> None:
-        arr = np.asarray(value)
-        if tuple(arr.shape) != self.shape:
-            raise CaptureError(f"parameter {self.qualname or ''} has shape {self.shape}, got {arr.shape}")
-        self._data = arr.astype(to_numpy(self.dtype))
-        self.user_set = True
-
-    def draw(self, rng: np.random.Generator) -> None:
-        if not self.user_set:
-            self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
-
-    def reinit(self, init: _init.Init) -> None:
-        """Draw from ``init`` when the module is next initialised (``gc.capture``'s seed), forgetting
-        any value held, as torch's ``nn.init.*_`` overwrite the tensor (``graphc.nn.init``)."""
-        self.init, self._data, self.user_set = init, None, False
-
-    def cast(self, dtype: Any) -> None:
-        """Hold the value (and draw it, if not drawn yet) in ``dtype``."""
-        self.dtype = as_dtype(dtype)
-        if self._data is not None:
-            self._data = self._data.astype(to_numpy(self.dtype))
-
-    def numpy(self) -> np.ndarray:
-        if self._data is None:
-            raise CaptureError(f"parameter {self.qualname or ''} is not initialised; call init_parameters(seed)")
-        return self._data
-
-    def __repr__(self) -> str:
-        kind = "Buffer" if self.buffer else "Parameter"
-        return f"{kind}({self.dtype}{list(self.shape)})"
+__all__ = ["IncompatibleKeys", "Module", "Parameter"]
 
 
 class IncompatibleKeys(NamedTuple):
@@ -119,9 +55,15 @@ class Module:
             raise CaptureError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                                f"assigning {name!r}")
         params, modules = self.__dict__["_parameters"], self.__dict__["_modules"]
-        if isinstance(value, Tensor) and name in params and params[name].buffer and active() is not None:
-            write(getattr(self, name), value)  # torch: the buffer is now ``value``; captured, a write into it
-            return
+        held = params.get(name)
+        if value is not None and not isinstance(value, (Parameter, Module)):
+            if held is not None and held.buffer:
+                self._set_buffer(name, held, value)
+                return
+            if held is not None or name in modules:  # torch's TypeError, not a silent unregistering
+                kind, want = ("parameter", "gc.nn.Parameter") if held is not None else ("child module", "gc.nn.Module")
+                raise TypeError(f"cannot assign {type(value).__name__!r} as {kind} {name!r} of {type(self).__name__} "
+                                f"({want} or None expected)")
         params.pop(name, None)
         modules.pop(name, None)
         if isinstance(value, (Parameter, Module)):
@@ -131,6 +73,21 @@ class Module:
             _refuse_plain_container(self, name, value)
             object.__setattr__(self, name, value)
 
+    def _set_buffer(self, name: str, held: Parameter, value: Any) -> None:
+        """``self.<buffer> = value``, as torch's: the buffer is now ``value`` (a gc Tensor, numpy array or torch
+        tensor), in its place and persistence; in a capture, a write into it. A float64 array onto a float64
+        buffer stays float64, else ``register_buffer``'s dtype rule."""
+        if not _is_tensor(value):
+            raise TypeError(f"cannot assign {type(value).__name__!r} as buffer {name!r} of {type(self).__name__} "
+                            f"(a gc Tensor, numpy array, torch tensor or None expected)")
+        if active() is not None:
+            write(getattr(self, name), value if isinstance(value, Tensor) else np.asarray(value))
+            return
+        keep64 = held.dtype == "float64" and not isinstance(value, Tensor) and np.asarray(value).dtype == np.float64
+        buffer = Parameter(value, dtype="float64" if keep64 else None, buffer=True)
+        buffer.persistent, buffer.qualname = held.persistent, held.qualname
+        self.__dict__["_parameters"][name] = buffer
+
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         if "_parameters" in d and name in d["_parameters"]:
@@ -138,7 +95,7 @@ class Module:
             builder = active()
             if builder is None:
                 return param
-            tensor = _param_tensor(builder, self, name, param)
+            tensor = param_tensor(builder, self, name, param)
             return tensor if param.requires_grad or param.buffer else detach(tensor)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
@@ -190,22 +147,76 @@ class Module:
 
     register_module = add_module
 
+    def get_submodule(self, target: str) -> "Module":
+        """The sub-module at the dotted path ``target`` (``""``: this one); an ``AttributeError`` names the
+        first step that is missing or not a Module, as torch's."""
+        mod = self
+        for item in target.split(".") if target else ():
+            if not hasattr(mod, item):
+                raise AttributeError(f"{mod._get_name()} has no attribute `{item}`")
+            mod = getattr(mod, item)
+            if not isinstance(mod, Module):
+                raise AttributeError(f"`{item}` is not an nn.Module")
+        return mod
+
+    def set_submodule(self, target: str, module: "Module", strict: bool = False) -> None:
+        """Put ``module`` at the dotted path ``target``, replacing a sub-module there or (not ``strict``)
+        adding it to the parent, as torch's."""
+        if not target:
+            raise ValueError("Cannot set the submodule without a target name!")
+        if not isinstance(module, Module):
+            raise ValueError(f"`module` is not an nn.Module, found {type(module)}")
+        parent_path, _, name = target.rpartition(".")
+        parent = self.get_submodule(parent_path)
+        if strict and not hasattr(parent, name):
+            raise AttributeError(f"{parent._get_name()} has no attribute `{name}`")
+        if hasattr(parent, name) and not isinstance(getattr(parent, name), Module):
+            raise AttributeError(f"`{name}` is not an nn.Module")
+        setattr(parent, name, module)
+
+    def get_parameter(self, target: str) -> Any:
+        """The parameter at the dotted path ``target`` (``fc.weight``), read as ``self.fc.weight`` is."""
+        return self._get_tensor(target, buffer=False)
+
+    def get_buffer(self, target: str) -> Any:
+        """The buffer at the dotted path ``target`` (``bn.running_mean``), read as the attribute is."""
+        return self._get_tensor(target, buffer=True)
+
+    def _get_tensor(self, target: str, buffer: bool) -> Any:
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        held = mod._parameters.get(name)
+        if held is None or held.buffer != buffer:
+            raise AttributeError(f"`{name}` is " + ("not a buffer" if buffer else "not an nn.Parameter"))
+        return getattr(mod, name)
+
     # -- traversal (PyTorch order: own parameters, then sub-modules depth-first) ---------------
-    def named_modules(self, memo: set | None = None, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
-        """``(path, module)`` for this module (path ``prefix``) and every sub-module, depth first."""
+    def named_modules(self, memo: set | None = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+        """``(path, module)`` for this module (path ``prefix``) and every sub-module, depth first; one
+        reached twice (shared) is given once unless not ``remove_duplicate``. ``memo``: modules to skip, as
+        torch's."""
         memo = set() if memo is None else memo
-        if id(self) in memo:
+        if self in memo:
             return
-        memo.add(id(self))
+        if remove_duplicate:
+            memo.add(self)
         yield prefix, self
         for name, mod in self._modules.items():
-            yield from mod.named_modules(memo, f"{prefix}.{name}" if prefix else name)
+            yield from mod.named_modules(memo, f"{prefix}.{name}" if prefix else name, remove_duplicate)
 
-    def modules(self) -> Iterator["Module"]:
-        return (m for _, m in self.named_modules())
+    def modules(self, remove_duplicate: bool = True) -> Iterator["Module"]:
+        return (m for _, m in self.named_modules(remove_duplicate=remove_duplicate))
 
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
-        return iter(list(self._modules.items()))
+        """``(name, child)`` for each direct sub-module, one registered under two names given once, as torch's."""
+        seen: set[int] = set()
+        for name, mod in list(self._modules.items()):
+            if id(mod) not in seen:
+                seen.add(id(mod))
+                yield name, mod
 
     def children(self) -> Iterator["Module"]:
         return (m for _, m in self.named_children())
@@ -215,7 +226,7 @@ class Module:
         """Parameters (``buffers=False``), buffers (True) or both (None), in state_dict order: each
         module's parameters, then its buffers, then its sub-modules'."""
         seen: set[int] = set()
-        mods = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
         for mod_prefix, mod in mods:
             own = list(mod._parameters.items())
             for name, p in [*(i for i in own if not i[1].buffer), *(i for i in own if i[1].buffer)]:
@@ -257,17 +268,25 @@ class Module:
                         p.draw(rng)
         return self
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter and buffer by PyTorch's key (``layers.0.weight``, ``bn.running_mean``);
-        a tensor shared by two modules appears under both keys, as in PyTorch."""
+    def state_dict(self, *, destination: dict | None = None, prefix: str = "",
+                   keep_vars: bool = False) -> dict[str, Any]:
+        """Every persistent parameter and buffer by PyTorch's key (``layers.0.weight``, ``bn.running_mean``)
+        after ``prefix``, as arrays (``keep_vars``: the ``Parameter`` objects), put into ``destination`` when
+        given; a tensor or module shared by two modules appears under both keys, as in PyTorch."""
         if any(p.data is None for _, p in self._named_tensors()):
             self.init_parameters(0)
-        return {name: p.numpy() for name, p in self._named_tensors(remove_duplicate=False) if p.persistent}
+        out = {} if destination is None else destination
+        for name, p in self._named_tensors(remove_duplicate=False):
+            if p.persistent:
+                out[prefix + name] = p if keep_vars else p.numpy()
+        return out
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> IncompatibleKeys:
         """Set parameters and buffers from ``state`` (arrays by PyTorch's keys, e.g. a safetensors
-        file PyTorch wrote). ``strict``: a key missing or unexpected is an error; a shape that
-        differs always is. Nothing is set when an error is raised."""
+        file PyTorch wrote), cast to their dtypes (``assign``: each takes the state's dtype, as torch's
+        ``assign=True`` takes the state's tensors). ``strict``: a key missing or unexpected is an error;
+        a shape that differs always is. Nothing is set when an error is raised."""
         own = {k: p for k, p in self._named_tensors(remove_duplicate=False) if p.persistent}
         arrays = {k: np.asarray(v) for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state]
@@ -281,17 +300,34 @@ class Module:
         if problems:
             raise CaptureError(f"load_state_dict into {type(self).__name__}: " + "; ".join(problems))
         for key, array in arrays.items():
+            if assign:
+                own[key].cast(array.dtype)
             own[key].data = array
         return IncompatibleKeys(missing, unexpected)
 
     def train(self, mode: bool = True) -> "Module":
-        """Training mode: Dropout drops, BatchNorm uses and updates batch statistics when captured."""
-        for mod in self.modules():
-            object.__setattr__(mod, "training", bool(mode))
+        """Training mode: Dropout drops, BatchNorm uses and updates batch statistics when captured. Each
+        child's ``train(mode)`` is called, as torch's (an override in a sub-module runs); returns self."""
+        if not isinstance(mode, bool):
+            raise ValueError(f"training mode is expected to be boolean, got {mode!r}")
+        object.__setattr__(self, "training", mode)
+        for mod in self.children():
+            mod.train(mode)
         return self
 
     def eval(self) -> "Module":
         return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Set ``requires_grad`` on every parameter (torch's freezing for fine-tuning); returns self. A frozen
+        parameter is read through ``gc.detach`` at capture: no gradient, not trained."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do, kept so a torch training loop runs: graphc's parameters hold no ``.grad`` (each
+        gradient is an output of ``gc.grad``'s model or of a training step, computed afresh)."""
 
     def apply(self, fn: Any) -> "Module":
         """``fn(module)`` for every sub-module, then this one, as torch's (``self.apply(init_weights)``)."""
@@ -321,6 +357,14 @@ class Module:
         for _, p in self._named_tensors():
             if p.dtype in FLOAT_DTYPES:
                 p.cast(dt)
+        return self
+
+    def cpu(self) -> "Module":
+        """Self, unchanged: graphc chooses the device per session (``gc.Session(model, backend=...)``)."""
+        return self
+
+    def cuda(self, device: Any = None) -> "Module":
+        """Self, unchanged: run on the GPU with ``gc.Session(model, backend="ort-cuda")``."""
         return self
 
     def type(self, dst_type: Any) -> "Module":
@@ -362,7 +406,30 @@ class Module:
             for name in sorted(self.__dict__.get("_per_call", ())):  # torch's forward pre-hooks
                 builder.called_values[id(self), name] = self.__dict__["_computed"][name](self)
                 self.__dict__["_called"] = True  # reads outside a capture now see the computed value
-            return self.forward(*args, **kwargs)
+            return call_hooked(self, self.forward, args, kwargs)
+
+    def register_forward_pre_hook(self, hook: Any, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args)`` (``with_kwargs``: ``hook(module, args, kwargs)``) before each ``forward`` in a
+        capture, as torch's; what it returns (not None) becomes the arguments. ``handle.remove()`` ends it."""
+        return add_hook(self.__dict__.setdefault("_forward_pre_hooks", OrderedDict()), hook, prepend, with_kwargs)
+
+    def register_forward_hook(self, hook: Any, *, prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
+        """``hook(module, args, output)`` (``with_kwargs``: ``hook(module, args, kwargs, output)``) after each
+        ``forward`` in a capture, as torch's; what it returns (not None) becomes the output, so its ops are in
+        the graph (torch's export keeps a hook's ops too). ``handle.remove()`` ends it."""
+        return add_hook(self.__dict__.setdefault("_forward_hooks", OrderedDict()), hook, prepend, with_kwargs,
+                        always_call)
+
+    def register_full_backward_hook(self, hook: Any, prepend: bool = False) -> RemovableHandle:
+        raise _no_backward_hooks("register_full_backward_hook")
+
+    def register_full_backward_pre_hook(self, hook: Any, prepend: bool = False) -> RemovableHandle:
+        raise _no_backward_hooks("register_full_backward_pre_hook")
+
+    def register_backward_hook(self, hook: Any) -> RemovableHandle:
+        raise _no_backward_hooks("register_backward_hook")
 
     def extra_repr(self) -> str:
         return ""
@@ -381,22 +448,12 @@ class Module:
         return repr_block(self._get_name(), lines + [f"({name}): {mod!r}" for name, mod in self._modules.items()])
 
 
-def repr_block(name: str, lines: list[str]) -> str:
-    """``name(...)`` holding ``lines`` one per line, or ``name()`` with none, as torch prints."""
-    return f"{name}(\n" + "\n".join(_indented(line) for line in lines) + "\n)" if lines else f"{name}()"
-
-
-def _indented(text: str) -> str:
-    """``text`` two spaces in, each of its lines (blank ones left empty, as torch's ``_addindent``)."""
-    first, *rest = text.split("\n")
-    return "\n".join(["  " + first] + ["  " + line if line.strip() else "" for line in rest])
-
-
-def not_default(module: Module, **defaults: Any) -> list[str]:
-    """``name=value`` for each attribute of ``module`` unlike its default, in the order given: the
-    arguments torch's reprs show only when set."""
-    return [f"{name}={getattr(module, name)!r}" for name, default in defaults.items()
-            if getattr(module, name) != default]
+def _no_backward_hooks(method: str) -> NotImplementedError:
+    """Why a backward hook is refused: no Python runs when the gradients are computed."""
+    return NotImplementedError(
+        f"Module.{method}: graphc computes gradients in the graph it builds after capture (gc.grad, the "
+        f"training graphs), where no Python hook can run; read or change the gradients as outputs of "
+        f"gc.grad(model, loss) instead")
 
 
 def _is_tensor(arg: Any) -> bool:
@@ -416,29 +473,3 @@ def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
         raise CaptureError(f"{type(owner).__name__}.{name} is a plain {type(value).__name__} holding "
                          f"{', '.join(sorted(kinds))}; it would not be registered (not in state_dict(), not "
                          f"trained, named by class at capture). Use gc.nn.{fix}(...) (at {user_source()})")
-
-
-def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
-    """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
-    tensor = builder.param_tensors.get(id(param))
-    if tensor is not None:
-        return tensor
-    if param.data is None:  # a module not reached from the captured root: draw in use order
-        param.draw(builder.rng)
-    if builder.rooted is not None and id(param) in builder.rooted:
-        value = builder.add_initializer(param.qualname, param.numpy())
-    else:  # a module the captured function closes over: name it by its class, made unique
-        if builder.rooted is not None:
-            warnings.warn(f"{type(owner).__name__}.{attr} is used in forward but its module is not a registered "
-                          f"sub-module of the captured Module, so it is not in state_dict() (PyTorch would not "
-                          f"train it either); register it as an attribute or in gc.nn.ModuleList/ModuleDict "
-                          f"(at {user_source()})", stacklevel=2)
-        value = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
-    tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
-    tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
-    builder.param_tensors[id(param)] = tensor
-    if param.buffer:
-        builder.buffers.append(tensor.value.name)
-        if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it
-            builder.buffer_tensors[id(tensor)] = (tensor, owner, value)
-    return tensor

@@ -9,7 +9,8 @@ from graphc.dsl.ops_embedding import MODES, embedding_bag
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
-from graphc.nn.module import Module, Parameter, not_default
+from graphc.nn.module import Module, Parameter
+from graphc.nn.reprs import not_default
 
 
 def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, init.Init]:

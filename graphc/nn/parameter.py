@@ -1,0 +1,114 @@
+"""`gc.nn.Parameter`, shaped after ``torch.nn.Parameter``: a trainable tensor or a module's buffer, whose value
+is drawn when its module is initialised unless the user set it, and the Tensor that reads it in a capture."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl.builder import Builder, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.nn import init as _init
+
+
+class Parameter:
+    """A trainable tensor (``buffer=True``: state such as BatchNorm's running mean).
+
+    Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
+    array (numpy's default, which torch's float32 default would not give) is float32, so a float32
+    model is not made float64 by an array; a ``gc.Tensor`` computed outside a capture keeps its dtype;
+    float32 without ``data``. ``requires_grad=False`` (torch's frozen parameter) is read through
+    ``gc.detach``: no gradient, not trained."""
+
+    def __init__(self, data: Any = None, requires_grad: bool = True, *, shape: Any = None,
+                 init: _init.Init | None = None, dtype: Any = None, buffer: bool = False):
+        self.requires_grad = requires_grad
+        self.persistent = True  # in state_dict (``Module.register_buffer(..., persistent=False)``: not)
+        if data is not None:
+            dtype = data.dtype if dtype is None and isinstance(data, Tensor) else dtype
+            data = np.asarray(data)
+            if dtype is None:
+                dtype = "float32" if data.dtype == np.float64 else data.dtype
+            shape = data.shape
+            data = data.astype(to_numpy(as_dtype(dtype)))
+        if shape is None:
+            raise CaptureError("gc.nn.Parameter needs data or a shape")
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = as_dtype("float32" if dtype is None else dtype)
+        self.init = init or _init.zeros
+        self.buffer = buffer
+        self._data: np.ndarray | None = data
+        self.user_set = data is not None
+        self.qualname: str | None = None
+
+    @property
+    def data(self) -> np.ndarray | None:
+        """The value (None until initialised or assigned)."""
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        arr = np.asarray(value)
+        if tuple(arr.shape) != self.shape:
+            raise CaptureError(f"parameter {self.qualname or ''} has shape {self.shape}, got {arr.shape}")
+        self._data = arr.astype(to_numpy(self.dtype))
+        self.user_set = True
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
+        """Set ``requires_grad`` (False: frozen, read through ``gc.detach``); returns self, as torch's."""
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def draw(self, rng: np.random.Generator) -> None:
+        if not self.user_set:
+            self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
+
+    def reinit(self, init: _init.Init) -> None:
+        """Draw from ``init`` when the module is next initialised (``gc.capture``'s seed), forgetting
+        any value held, as torch's ``nn.init.*_`` overwrite the tensor (``graphc.nn.init``)."""
+        self.init, self._data, self.user_set = init, None, False
+
+    def cast(self, dtype: Any) -> None:
+        """Hold the value (and draw it, if not drawn yet) in ``dtype``."""
+        self.dtype = as_dtype(dtype)
+        if self._data is not None:
+            self._data = self._data.astype(to_numpy(self.dtype))
+
+    def numpy(self) -> np.ndarray:
+        if self._data is None:
+            raise CaptureError(f"parameter {self.qualname or ''} is not initialised; call init_parameters(seed)")
+        return self._data
+
+    def __repr__(self) -> str:
+        kind = "Buffer" if self.buffer else "Parameter"
+        return f"{kind}({self.dtype}{list(self.shape)})"
+
+
+def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> Tensor:
+    """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
+    tensor = builder.param_tensors.get(id(param))
+    if tensor is not None:
+        return tensor
+    if param.data is None:  # a module not reached from the captured root: draw in use order
+        param.draw(builder.rng)
+    if builder.rooted is not None and id(param) in builder.rooted:
+        value = builder.add_initializer(param.qualname, param.numpy())
+    else:  # a module the captured function closes over: name it by its class, made unique
+        if builder.rooted is not None:
+            warnings.warn(f"{type(owner).__name__}.{attr} is used in forward but its module is not a registered "
+                          f"sub-module of the captured Module, so it is not in state_dict() (PyTorch would not "
+                          f"train it either); register it as an attribute or in gc.nn.ModuleList/ModuleDict "
+                          f"(at {user_source()})", stacklevel=2)
+        value = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
+    tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
+    tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
+    builder.param_tensors[id(param)] = tensor
+    if param.buffer:
+        builder.buffers.append(tensor.value.name)
+        if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it
+            builder.buffer_tensors[id(tensor)] = (tensor, owner, value)
+    return tensor
