@@ -29,6 +29,7 @@ message names the batch and the rows).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -54,9 +55,11 @@ class Replica:
         self._loader = None
         self._applied: Optional[int] = None  # the step whose update ``apply`` made last
 
-    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> tuple[str, int, int]:
+    def setup(self, graphs: Mapping[str, bytes], backend: str,
+              options: Mapping[str, Any]) -> tuple[str, int, int, str]:
         """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name,
-        this worker's process id and the gradients graph's number of stages."""
+        this worker's process id, the gradients graph's number of stages and its Ray node's id
+        (hex; "" outside Ray)."""
         from graphc.backends import get_backend
         from graphc.compile.training import Manifest
         from graphc.passes.values import EXCHANGE_KEY
@@ -92,7 +95,9 @@ class Replica:
         self._class_labels = class_labels(m)  # uint8 arrays the loader holds, cast to int64
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
-        return self._backend.name, os.getpid(), len(self._staged.stages) if staged else 1
+        ray = sys.modules.get("ray")  # imported where Ray runs this worker
+        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
+        return self._backend.name, os.getpid(), len(self._staged.stages) if staged else 1, node
 
     def _prepare(self, key: str):
         return self._backend.prepare(without_initializers(self._protos[key], self._carried), **self._options)

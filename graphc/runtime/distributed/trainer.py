@@ -53,6 +53,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
+from graphc.runtime.distributed.placement import actor_options, restartable, worker_names
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.shards import bounds_of, joined
@@ -72,7 +73,8 @@ class DistributedTrainer(Trainer):
 
     Args beyond ``Trainer``'s: ``workers`` (>= 1), ``ray_address`` (a running cluster; default:
     the one this process joined, else a new local one), ``num_cpus`` / ``num_gpus`` that Ray
-    reserves per worker, ``max_restarts`` (how many times ``fit`` restarts lost workers),
+    reserves per worker, ``placement`` (which nodes: ``placement.py``), ``max_restarts`` (how many
+    times ``fit`` restarts lost workers, on the nodes left),
     ``timeout_s`` (the longest a step or set-up may take). ``options`` go to each worker's
     backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
     """
@@ -82,7 +84,7 @@ class DistributedTrainer(Trainer):
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
-                 **options: Any):
+                 placement: Any = "default", **options: Any):
         from graphc.compile.training import update_model, worker_gradients_model
 
         if not isinstance(workers, int) or workers < 1:
@@ -101,7 +103,9 @@ class DistributedTrainer(Trainer):
         self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
-        self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
+        self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
+                                                  **actor_options(placement))
+        self._asks = (num_cpus, num_gpus)
         self._graphs = ray.put({**{k: m.proto.SerializeToString() for k, m in graphs.items()},
                                 "manifest": self.manifest.model_dump_json().encode()})
         self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
@@ -168,8 +172,8 @@ class DistributedTrainer(Trainer):
         self._who = [f"worker rank {rank}" for rank in range(self.workers)]
         started = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
                             "starting the workers")
-        self.backend, _, self._stages = started[0]
-        self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid, _) in enumerate(started)]
+        self.backend, _, self._stages, _ = started[0]
+        self._who, self._nodes = worker_names(self._ray, started), [node for *_, node in started]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
         self._pending, self._later, self._loader_sent, self._metrics_sent = [], {}, None, False
         self._step_metrics: Optional[dict[str, float]] = None
@@ -444,11 +448,12 @@ class DistributedTrainer(Trainer):
                 earlier.step_losses = (earlier.step_losses + partial.step_losses)[: step - start_step]
                 warnings.warn(f"{str(exc).rstrip('.')}; restarting the {self.workers} workers from step {step} "
                               f"(restart {attempt + 1} of {self.max_restarts})", stacklevel=2)
-                self._restart()
+                self._restart(exc)
                 continue
             history.epochs = earlier.epochs + history.epochs
             history.step_losses = earlier.step_losses + history.step_losses
             return history
+        self.shutdown()  # the workers left would hold their CPUs until the trainer is collected
         raise TrainingFailed(f"{str(lost).rstrip('.')}; gave up after {self.max_restarts} restart(s) of the workers")
 
     def _fit_epoch(self, loader, history: History, *args: Any) -> None:
@@ -475,9 +480,13 @@ class DistributedTrainer(Trainer):
                       "batch": self.batch_in_epoch, "rng": self.rng.bit_generator.state,
                       "progress": self._progress.model_copy(), "schedule": self.schedule_state()}
 
-    def _restart(self) -> None:
-        for replica in self._replicas:
-            self._ray.kill(replica)
+    def _restart(self, lost: WorkerLost) -> None:
+        """Start the workers again from ``_last``, on the nodes left (``placement.restartable``)."""
+        self.shutdown()
+        try:
+            restartable(self._ray, self._nodes, self.workers, *self._asks, self.timeout_s)
+        except GraphcError as exc:
+            raise TrainingFailed(f"{str(lost).rstrip('.')}; {exc}") from None
         last = self._last
         self._start(last["tensors"])
         self.step_count, self.epoch, self.batch_in_epoch = last["step"], last["epoch"], last["batch"]
