@@ -1,0 +1,81 @@
+"""The driver the multi-node tests run as a program of its own (``test_distributed_multinode.py``):
+it joins the loopback cluster at ``spec["address"]`` with Ray's multi-node switch off (the test
+sets it), trains a float64 MLP on 2 workers, and prints one JSON line of what it saw.
+
+``spec``: ``backend``, ``placement``, ``num_cpus``, ``max_restarts``, ``checkpoint`` (a folder);
+``kill`` (a node's session id, all of whose processes it kills just before step ``at``, as a
+machine lost); ``resume``: after the run, train on from its checkpoint on what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import float64_models
+import graphc as gc
+from ray_nodes import _session
+
+EPOCHS, BATCH = 3, 8
+
+
+def main(spec: dict) -> dict:
+    import ray
+
+    ray.init(address=spec["address"], log_to_driver=False)
+    while sum(n["Alive"] for n in ray.nodes()) < spec["nodes"]:
+        time.sleep(0.2)
+    arts = gc.training.generate(float64_models.mlp(), gc.losses.mse("out", label="y"), gc.optim.AdamW(0.01, weight_decay=0.1))
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(size=(48, 4)), "y": rng.normal(size=(48, 2))}
+
+    def loader():
+        return gc.data.DataLoader(data, batch_size=BATCH, seed=3)
+
+    single = gc.Trainer(arts, backend=spec["backend"])
+    want = single.fit(loader(), epochs=EPOCHS, progress=False, quiet=True)
+    run = {"workers": 2, "backend": spec["backend"], "ray_address": spec["address"], "timeout_s": 60,
+           "num_cpus": spec["num_cpus"], "placement": spec["placement"], "max_restarts": spec["max_restarts"]}
+    dp = gc.Trainer(arts, **run)
+    out = {"want": want.step_losses, "want_params": {k: v.tolist() for k, v in single.params.items()},
+           "nodes": dp._nodes, "who": dp._who}
+    if "kill" in spec:
+        step = dp.step
+
+        def killing(batch):
+            if dp.step_count == spec["at"]:
+                del dp.step
+                out["killed_at"] = time.monotonic()
+                for pid in _session(spec["kill"]):
+                    os.kill(pid, signal.SIGKILL)
+            return step(batch)
+
+        dp.step = killing
+    started = time.monotonic()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = dp.fit(loader(), epochs=EPOCHS, progress=False, quiet=True, checkpoint=spec["checkpoint"])
+        out["got"], out["warnings"] = got.step_losses, [str(w.message) for w in seen]
+        out["ms_per_step"] = 1e3 * (time.monotonic() - started) / len(got.step_losses)
+    except gc.GraphcError as exc:
+        out["error"] = [type(exc).__name__, str(exc)]
+    out["seconds"] = time.monotonic() - out.get("killed_at", started)
+    out["params"] = {k: v.tolist() for k, v in dp.params.items()} if "got" in out else None
+    out["checkpoint_step"] = gc.Trainer(spec["checkpoint"], backend=spec["backend"]).step_count
+    if spec.get("resume"):
+        resumed = gc.Trainer(spec["checkpoint"], **run)
+        out["resumed_nodes"] = sorted({n for n in resumed._nodes})
+        out["resumed"] = resumed.fit(loader(), epochs=EPOCHS, progress=False, quiet=True).step_losses
+        out["params"] = {k: v.tolist() for k, v in resumed.params.items()}
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
