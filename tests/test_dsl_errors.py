@@ -190,8 +190,7 @@ def test_arguments_torch_refuses_are_refused_at_capture(fn, shape, opset, want):
 
 
 def test_ops_outside_capture_and_bad_outputs():
-    with pytest.raises(gc.GraphError, match="inside gc.capture"):
-        gc.relu(np.ones(3))
+    np.testing.assert_array_equal(np.asarray(gc.relu(np.array([-1.0, 2.0]))), [0.0, 2.0])  # evaluated, as torch's
     with pytest.raises(gc.GraphError, match="must return"):
         gc.capture(lambda x: 3, x=gc.spec("float32", (3,)))
     with pytest.raises(gc.GraphError, match="opset"):
