@@ -269,5 +269,5 @@ def test_an_exception_with_no_user_frame_names_graphcs_innermost_line(monkeypatc
     # a layer's own defect (the lazy instance norms once read a removed attribute) said "at <unknown>:0"
     monkeypatch.setattr(gc.nn.ReLU, "forward", operator.itemgetter(5))  # a builtin: no Python frame of the test's
     with pytest.raises(gc.CaptureError,
-                       match=r"^TypeError in the captured code at \S*graphc[/\\]nn[/\\]module\.py:\d+: "):
+                       match=r"^TypeError in the captured code at \S*graphc[/\\]nn[/\\]hooks\.py:\d+: "):
         gc.capture(gc.nn.ReLU(), x=gc.spec("float32", (3,)))
