@@ -71,7 +71,7 @@ from graphc.compile.amp import autocast_dtype, loss_scale_json
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
-from graphc.fileio import (OutsideFolder, confined, fsync_dir, made_folders, remove_stale_temps, scratch_dir,
+from graphc.fileio import (OutsideFolder, confined, fsync_dir, remove_stale_temps, scratch_dir,
                            write_synced)
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
@@ -367,7 +367,7 @@ class TrainingArtifacts:
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise FileExistsError(f"cannot save training artifacts into {directory}: it is a file; give a folder")
-        with made_folders(directory), scratch_dir(directory / MANIFEST_FILE) as tmp:
+        with scratch_dir(directory / MANIFEST_FILE) as tmp:  # folders it made go again on failure
             for key, model in self.graphs.items():
                 model.save(tmp / GRAPH_FILES[key])
             state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d
