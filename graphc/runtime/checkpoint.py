@@ -94,6 +94,10 @@ class EpochProgress(BaseModel):
     metric_examples: NonNegativeInt = 0  # those examples (``averaging.examples``: labels not ignored, else rows)
     skipped_steps: Optional[NonNegativeInt] = None  # with loss scaling: of its steps, those skipped (inf/NaN gradients)
 
+    def mean_loss(self, empty: Optional[float] = None) -> Optional[float]:
+        """The epoch's loss so far, per sample (``loss_sum / samples``); ``empty`` before any."""
+        return self.loss_sum / self.samples if self.samples else empty
+
     @field_serializer("metric_sums", when_used="json")
     def _sums_as_written(self, sums: dict[str, float], info: SerializationInfo) -> dict[str, Optional[float]]:
         """With the context ``nulls`` (a checkpoint from before format 4 that held them), a

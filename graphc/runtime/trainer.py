@@ -769,7 +769,7 @@ class Trainer:
         """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on."""
         hook = _signal_hook()
         sums = self._progress
-        bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.samples if sums.samples else None)
+        bar.start_epoch(self.epoch, self.batch_in_epoch, sums.mean_loss())
         last = time.perf_counter()
         first = self._batch_names[0] if self._batch_names else None
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
@@ -777,7 +777,7 @@ class Trainer:
             examples = averaging.examples(self.manifest.loss, batch, rows)  # once: the skip test, the train metrics
             if self._counts_nothing(batch, rows):
                 self._skip(len(loader), examples)
-                bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
+                bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9))
                 last = time.perf_counter()
                 continue
             with self._interrupts:
@@ -804,7 +804,7 @@ class Trainer:
                 history.step_losses.append(loss)
                 if self._scheduler is not None and self.scheduler_interval == "step":
                     self._step_scheduler(loss)
-            bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
+            bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9))
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
@@ -898,7 +898,7 @@ class Trainer:
         loop position moves to the next epoch."""
         self._tally_skips()
         sums = self._progress
-        record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
+        record = EpochRecord(epoch=self.epoch + 1, loss=sums.mean_loss(float("nan")),
                              steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
                              samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics,
                              metrics={k: v / sums.metric_examples for k, v in sums.metric_sums.items()}
