@@ -185,9 +185,9 @@ class Module:
     def _get_tensor(self, target: str, buffer: bool) -> Any:
         path, _, name = target.rpartition(".")
         mod = self.get_submodule(path)
-        if not hasattr(mod, name):
+        held = mod._parameters.get(name)  # hasattr would read it (in a capture: its Tensor) before getattr again
+        if held is None and not hasattr(mod, name):
             raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
-        held = mod._parameters.get(name)
         if held is None or held.buffer != buffer:
             raise AttributeError(f"`{name}` is " + ("not a buffer" if buffer else "not an nn.Parameter"))
         return getattr(mod, name)
