@@ -281,16 +281,16 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     config = triton_config(model, name, max_batch_size, instance, dynamic_batching)
     root = Path(repo_dir).resolve()
     model_dir = root / name
-    created, version_dir = False, None  # what this call made, removed again if a later step fails
-    with made_folders(root):  # a repository folder this call makes goes again on a failure
+    version_dir = None  # what this call wrote, removed again if a later step fails
+    # the model folder and repository folders this call makes go again on a failure, while empty (a concurrent
+    # deploy's versions and config stay)
+    with made_folders(model_dir):
         try:
             root.mkdir(parents=True, exist_ok=True)
             _real_dir(root, root)
-            try:
-                os.mkdir(model_dir, 0o755)
-                created = True
-            except FileExistsError:
-                _real_dir(model_dir, root)
+            with contextlib.suppress(FileExistsError):
+                model_dir.mkdir(0o755)
+            _real_dir(model_dir, root)
             # Staged under the next version's temp name (so a later deploy removes one a killed deploy
             # left); the number is taken only when it is renamed in, under the repository's lock.
             with scratch_dir(_next_version(model_dir)) as staged:
@@ -300,13 +300,8 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
                     version_dir = _claim_version(staged, model_dir)
                     atomic_write(model_dir / "config.pbtxt", config.encode())
         except BaseException as exc:
-            # Only what this call wrote goes: its version folder, and the model folder it made if
-            # nothing else is in it (a concurrent deploy's versions and config stay).
             if version_dir is not None:
                 shutil.rmtree(version_dir, ignore_errors=True)
-            if created:
-                with contextlib.suppress(OSError):
-                    os.rmdir(model_dir)
             if isinstance(exc, OSError):
                 raise GraphError(f"cannot write model {name!r} into the repository {root}: {exc.strerror or exc}"
                                  + (f" ({exc.filename})" if exc.filename else "")) from None
