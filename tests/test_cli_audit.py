@@ -100,6 +100,32 @@ def test_run_batch_size_without_workers_is_refused(capsys, ws, tmp_path):
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_placement_reaches_the_trainer_with_workers_and_is_refused_without(capsys, ws, monkeypatch):
+    """``--placement`` goes to ``gc.Trainer(placement=...)`` with ``--workers N`` (N > 1); without them, or
+    naming neither default nor spread, it is one usage error naming the options, before any Trainer."""
+    import graphc as gc
+
+    made = []
+
+    def trainer(*args, **kwargs):
+        made.append(kwargs)
+        raise gc.GraphcError("stopped here: the test's Trainer")
+
+    monkeypatch.setattr(gc, "Trainer", trainer)
+    train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8")
+    for extra, placement in ((("--placement", "spread"), "spread"), ((), "default")):
+        assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--workers", "2", *extra))
+        assert (made[-1]["workers"], made[-1]["placement"]) == (2, placement)
+    one_line_error(run_cli(capsys, *train))
+    assert "placement" not in made[-1]  # the one-process Trainer takes none
+    tried = len(made)
+    err = one_line_error(run_cli(capsys, *train, "--placement", "spread"))
+    assert "--placement spread" in err and "--workers N (N > 1)" in err
+    err = one_line_error(run_cli(capsys, *train, "--workers", "2", "--placement", "spreed"))
+    assert "--placement 'spreed': expected one of default, spread (did you mean 'spread'?)" in err
+    assert len(made) == tried
+
+
 def test_grad_norm_type_without_max_grad_norm_is_refused(capsys, ws, tmp_path):
     r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--grad-norm-type", "1",
                 "-o", tmp_path / "arts")

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 import graphc as gc
-from graphc.runtime.distributed import map_batches
+from graphc.runtime.distributed import DistributedTrainer, map_batches
 from graphc.cli import app
 from graphc.cli.grad_cmds import make_optimizer
 from graphc.cli.demo import run_demo
@@ -65,6 +65,7 @@ API_DEFAULTS = {
     ("train", "tensorboard"): (gc.Trainer.__init__, "tensorboard"),
     ("train", "workers"): (gc.Trainer.__init__, "workers"),
     ("train", "ray_address"): (gc.Trainer.__init__, "ray_address"),
+    ("train", "placement"): (DistributedTrainer.__init__, "placement"),
     ("train", "progress"): (gc.Trainer.fit, "progress"),
     ("train", "plot"): (gc.Trainer.fit, "plot"),
     ("train", "checkpoint"): (gc.Trainer.fit, "checkpoint"),

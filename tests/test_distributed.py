@@ -1030,7 +1030,8 @@ def test_map_batches_on_a_dataset_equals_one_session(ray_cluster):
 
 
 def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
-    """``graphc run --workers`` (map_batches over a dict of arrays) equals one Session."""
+    """``graphc run --workers`` (map_batches over a dict of arrays) equals one Session; ``graphc train --workers``
+    trains with a schedule, its workers placed by ``--placement spread``."""
     model = gc.capture(TwoLayerNet(64, 32, 10), seed=2, x=gc.spec("float32", ("N", 64)))
     model.save(tmp_path / "m.onnx")
     x = RNG.standard_normal((250, 64), dtype=np.float32)
@@ -1044,8 +1045,8 @@ def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
     _arts("mlp", "sgd-momentum").save(tmp_path / "arts")
     np.savez(tmp_path / "d.npz", **_data("mlp", 32))
     result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "d.npz", "--epochs", "1", "--batch-size", "8",
-                     "--backend", "ort-cpu", "--workers", "2", "--no-progress", "--checkpoint", tmp_path / "ckpt",
-                     "--schedule", "exponential", "--gamma", "0.5")  # refused before: "take no lr schedule yet"
+                     "--backend", "ort-cpu", "--workers", "2", "--placement", "spread", "--no-progress", "--checkpoint",
+                     tmp_path / "ckpt", "--schedule", "exponential", "--gamma", "0.5")  # refused before: "take no lr schedule yet"
     assert result.code == 0, result.err
     trained = gc.Trainer(tmp_path / "ckpt")
     assert trained.step_count == 4 and trained.lr == pytest.approx(0.025)

@@ -19,6 +19,7 @@ from graphc.cli.app import (OUT_ALIAS, allow_uncalibrated_option, app, check_kee
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.interrupted import wrote
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
+from graphc.errors import did_you_mean
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.metrics import names as metric_names
 
@@ -204,6 +205,10 @@ def train_cmd(
     workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS", help="A running Ray cluster "
                                               "(default with --workers > 1: a new local one)."),
+    placement: str = typer.Option("default", "--placement", metavar="default|spread",
+                                  help="With --workers > 1: which nodes of the Ray cluster the workers run on: "
+                                  "default (Ray's: the driver's node filled first) or spread (Ray's SPREAD: one "
+                                  "worker per node in turn)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="With --backend ort-cuda: replay each step "
                                     "as a CUDA graph (one launch instead of one per node)."),
     schedule: str = typer.Option("none", "--schedule", metavar="NAME",
@@ -255,6 +260,7 @@ def train_cmd(
         raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
+    _check_placement(ctx, placement, workers)
     for option, path, file in (("--plot", plot, "loss.png"), ("--log", log, "epochs.jsonl"),
                                ("--tensorboard", tensorboard, None), ("--checkpoint", checkpoint, None)):
         if path is not None:
@@ -267,7 +273,8 @@ def train_cmd(
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
-                         workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
+                         workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}),
+                         **({"placement": placement} if workers > 1 else {}))
     if resume:
         with _lr_note(trainer):
             trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer)
@@ -344,6 +351,18 @@ def train_cmd(
         console.print(escape(f"checkpoint: {checkpoint}"), highlight=False, soft_wrap=True)
     else:
         console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
+
+
+def _check_placement(ctx: typer.Context, placement: str, workers: int) -> None:
+    """``--placement`` names one of ``placement.PLACEMENTS`` and comes with ``--workers N`` (N > 1)."""
+    from graphc.runtime.distributed.placement import PLACEMENTS
+
+    if placement not in PLACEMENTS:
+        raise ValueError(f"--placement {placement!r}: expected one of {', '.join(PLACEMENTS)}"
+                         f"{did_you_mean(placement, PLACEMENTS)}")
+    if given(ctx, "placement") and workers == 1:
+        raise ValueError(f"--placement {placement} says which Ray nodes the --workers run on: give --workers N "
+                         "(N > 1) too, or leave out --placement")
 
 
 def _lr_note(trainer):
