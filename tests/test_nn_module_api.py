@@ -223,15 +223,75 @@ ASSIGN_ERRORS = {
     "an array onto a parameter": (lambda m: setattr(m.head, "weight", torch.zeros(2, 4)),
                                   "as parameter 'weight'"),
     "an int onto a child module": (lambda m: setattr(m, "head", 3), "cannot assign 'int' as child module 'head'"),
+    "a module onto a parameter": (lambda m: setattr(m.head, "weight", type(m.head)(4, 2)), "as parameter 'weight'"),
+    "an array onto a parameter set to None": (lambda m: (setattr(m.head, "bias", None),
+                                                         setattr(m.head, "bias", torch.zeros(2))), "as parameter 'bias'"),
+    "an int onto a buffer set to None": (lambda m: (setattr(m.a, "scale", None), setattr(m.a, "scale", 3)),
+                                         "cannot assign 'int' as buffer 'scale'"),
+    "an int onto a child module set to None": (lambda m: (setattr(m, "head", None), setattr(m, "head", 3)),
+                                               "cannot assign 'int' as child module 'head'"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(ASSIGN_ERRORS))
 def test_assigning_the_wrong_kind_onto_a_registered_name_is_torchs_type_error(name):
     call, message = ASSIGN_ERRORS[name]
+    kept = []
     for module in (_tree(torch.nn), _tree(gc.nn)):
         with pytest.raises(TypeError, match=message):
             call(module)
+        kept.append((list(module.state_dict()), _names(module.named_modules())))
+    assert kept[1] == kept[0]  # what the name held is kept (a Module onto a parameter replaced it)
+
+
+EMPTIED = {"a.scale": 3, "a.cache": 3, "b.1.running_mean": 4}  # a buffer and its size
+
+
+@pytest.mark.parametrize("name", sorted(EMPTIED))
+def test_a_buffer_set_to_none_keeps_its_slot_place_and_persistence_as_torchs(name):
+    """``self.buf = None`` unregistered the buffer: a tensor assigned later was a plain attribute."""
+    path, _, attr = name.rpartition(".")
+    value = RNG.standard_normal(EMPTIED[name])
+
+    def empty_then_fill(module, value):
+        owner = module.get_submodule(path)
+        setattr(owner, attr, None)
+        empty = getattr(owner, attr), list(module.state_dict()), _names(module.named_buffers())
+        setattr(owner, attr, value)
+        return empty, list(module.state_dict()), _names(module.named_buffers())
+
+    theirs, ours = _pair()
+    assert empty_then_fill(ours, value) == empty_then_fill(theirs, torch.tensor(value))
+    assert ours.get_buffer(name).dtype == "float64"  # the buffer's dtype, as torch's tensor keeps it
+    _assert_runs_alike(theirs, ours, RNG.standard_normal((5, 3)))
+
+
+def test_registering_none_keeps_a_slot_of_that_kind_as_torchs():
+    def register(nn, tensor):
+        module = nn.Linear(2, 2)
+        module.register_buffer("extra", None, persistent=False)
+        module.register_parameter("scale", None)
+        module.add_module("sub", None)
+        empty = [getattr(module, n) for n in ("extra", "scale", "sub")], list(module.state_dict())
+        module.extra = tensor(np.ones(2))
+        errors = []
+        for attr, value in (("scale", tensor(np.ones(2))), ("sub", 3)):
+            with pytest.raises(TypeError) as info:
+                setattr(module, attr, value)
+            errors.append(str(info.value).split(" as ")[1].split(" (")[0].replace(" of Linear", ""))  # the slot named
+        return empty, list(module.state_dict()), _names(module.named_buffers()), errors
+
+    assert register(gc.nn, np.asarray) == register(torch.nn, torch.tensor)
+
+
+def test_a_parameter_or_module_assigned_again_keeps_its_place_as_torchs():
+    """A registered name assigned again moved to the end: state_dict()'s and named_modules()' order was not torch's."""
+    def assign_again(module, nn, tensor):
+        module.a = type(module.a)()
+        module.head.weight = nn.Parameter(tensor(np.zeros((2, 4))))
+        return list(module.state_dict()), _names(module.named_modules())
+
+    assert assign_again(_tree(gc.nn), gc.nn, np.asarray) == assign_again(_tree(torch.nn), torch.nn, torch.tensor)
 
 
 @pytest.mark.parametrize("name", ["a.scale", "a.fc", "head.bias", "a.cache"])

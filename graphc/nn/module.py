@@ -17,14 +17,13 @@ import numpy as np
 
 from graphc.dsl.builder import active, user_source
 from graphc.dsl.devices import is_device
-from graphc.dsl.inplace import write
 from graphc.dsl.ops import detach
-from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
 from graphc.nn.parameter import Parameter, param_tensor
 from graphc.nn.reprs import repr_block
+from graphc.nn.slots import empty, is_tensor, register, registered, set_buffer, wrong_kind
 
 __all__ = ["IncompatibleKeys", "Module", "Parameter"]
 
@@ -47,46 +46,31 @@ class Module:
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
         object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_slots", {})  # registered names set to None (``graphc.nn.slots``)
         object.__setattr__(self, "training", False)
 
-    # -- registration ---------------------------------------------------------------------------
+    # -- registration (what a registered name takes: ``graphc.nn.slots``) -------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
             raise CaptureError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                                f"assigning {name!r}")
-        params, modules = self.__dict__["_parameters"], self.__dict__["_modules"]
-        held = params.get(name)
-        if value is not None and not isinstance(value, (Parameter, Module)):
-            if held is not None and held.buffer:
-                self._set_buffer(name, held, value)
-                return
-            if held is not None or name in modules:  # torch's TypeError, not a silent unregistering
-                kind, want = ("parameter", "gc.nn.Parameter") if held is not None else ("child module", "gc.nn.Module")
-                raise TypeError(f"cannot assign {type(value).__name__!r} as {kind} {name!r} of {type(self).__name__} "
-                                f"({want} or None expected)")
-        params.pop(name, None)
-        modules.pop(name, None)
-        if isinstance(value, (Parameter, Module)):
-            self.__dict__.pop(name, None)  # a plain attribute of that name (``self.bias = None``) would hide it
-            (params if isinstance(value, Parameter) else modules)[name] = value
+        d = self.__dict__
+        kind, held = registered(d, name)
+        if isinstance(value, Parameter):  # onto any name, as torch's
+            register(d, "_parameters", name, value, "buffer" if value.buffer else "parameter")
+        elif kind == "parameter" and value is not None:
+            raise wrong_kind(self, name, kind, value)
+        elif isinstance(value, Module):
+            register(d, "_modules", name, value, "child module")
+        elif kind == "child module" and value is not None:
+            raise wrong_kind(self, name, kind, value)
+        elif kind is not None and value is None:
+            empty(d, name, kind)
+        elif kind == "buffer":
+            set_buffer(self, name, held, value)
         else:
             _refuse_plain_container(self, name, value)
             object.__setattr__(self, name, value)
-
-    def _set_buffer(self, name: str, held: Parameter, value: Any) -> None:
-        """``self.<buffer> = value``, as torch's: the buffer is now ``value`` (a gc Tensor, numpy array or torch
-        tensor), in its place and persistence; in a capture, a write into it. A float64 array onto a float64
-        buffer stays float64, else ``register_buffer``'s dtype rule."""
-        if not _is_tensor(value):
-            raise TypeError(f"cannot assign {type(value).__name__!r} as buffer {name!r} of {type(self).__name__} "
-                            f"(a gc Tensor, numpy array, torch tensor or None expected)")
-        if active() is not None:
-            write(getattr(self, name), value if isinstance(value, Tensor) else np.asarray(value))
-            return
-        keep64 = held.dtype == "float64" and not isinstance(value, Tensor) and np.asarray(value).dtype == np.float64
-        buffer = Parameter(value, dtype="float64" if keep64 else None, buffer=True)
-        buffer.persistent, buffer.qualname = held.persistent, held.qualname
-        self.__dict__["_parameters"][name] = buffer
 
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
@@ -99,6 +83,8 @@ class Module:
             return tensor if param.requires_grad or param.buffer else detach(tensor)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
+        if name in d.get("_slots", {}):
+            return None
         if name in d.get("_computed", {}):
             builder = active()
             called = None if builder is None else builder.called_values.get((id(self), name))
@@ -107,20 +93,22 @@ class Module:
 
     def __delattr__(self, name: str) -> None:
         d = self.__dict__
-        if name in d["_parameters"]:
-            del d["_parameters"][name]
-        elif name in d["_modules"]:
-            del d["_modules"][name]
-        else:
+        registry = next((r for r in ("_parameters", "_modules", "_slots") if name in d[r]), None)
+        if registry is None:
             object.__delattr__(self, name)
+        else:
+            del d[registry][name]
 
     def register_buffer(self, name: str, value: Any, persistent: bool = True, *, dtype: Any = None) -> None:
         """``self.<name>``: state that is not trained, in ``state_dict()`` unless not ``persistent`` (torch's
         rotary ``inv_freq``); ``value`` an array in its dtype, but float64 is float32 unless ``dtype="float64"``
-        (``Parameter``'s rule), or a ``gc.Tensor`` computed here; None: no buffer."""
-        buffer = None if value is None else Parameter(value, dtype=dtype, buffer=True)
-        if buffer is not None:
-            buffer.persistent = persistent
+        (``Parameter``'s rule), or a ``gc.Tensor`` computed here; None: the buffer's slot, empty until a tensor
+        is assigned there (``graphc.nn.slots``), as torch's."""
+        if value is None:
+            empty(self.__dict__, name, "buffer", persistent)
+            return
+        buffer = Parameter(value, dtype=dtype, buffer=True)
+        buffer.persistent = persistent
         self.__setattr__(name, buffer)
 
     def register_computed(self, name: str, compute: Any, per_call: bool = False) -> None:
@@ -140,10 +128,18 @@ class Module:
                 per_call_names.add(name)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
-        self.__setattr__(name, param)
+        """``self.<name> = param``; None: the parameter's slot (``graphc.nn.slots``), as torch's."""
+        if param is None:
+            empty(self.__dict__, name, "parameter")
+        else:
+            self.__setattr__(name, param)
 
     def add_module(self, name: str, module: "Module | None") -> None:
-        self.__setattr__(name, module)
+        """``self.<name> = module``; None: the child module's slot (``graphc.nn.slots``), as torch's."""
+        if module is None:
+            empty(self.__dict__, name, "child module")
+        else:
+            self.__setattr__(name, module)
 
     register_module = add_module
 
@@ -344,7 +340,7 @@ class Module:
         for arg in args:
             if is_device(arg):
                 continue
-            arg = arg.dtype if _is_tensor(arg) else arg
+            arg = arg.dtype if is_tensor(arg) else arg
             if dtype is not None:
                 raise TypeError(f"Module.to got two dtypes, {dtype!r} and {arg!r}")
             dtype = arg
@@ -454,12 +450,6 @@ def _no_backward_hooks(method: str) -> NotImplementedError:
         f"Module.{method}: graphc computes gradients in the graph it builds after capture (gc.grad, the "
         f"training graphs), where no Python hook can run; read or change the gradients as outputs of "
         f"gc.grad(model, loss) instead")
-
-
-def _is_tensor(arg: Any) -> bool:
-    """A gc Tensor, numpy array or torch tensor: ``Module.to(tensor)`` takes its dtype."""
-    return isinstance(arg, (Tensor, np.ndarray)) or (
-        type(arg).__module__.split(".")[0] == "torch" and hasattr(arg, "dtype") and hasattr(arg, "shape"))
 
 
 def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
