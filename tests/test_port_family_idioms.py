@@ -95,3 +95,41 @@ def test_factory_keywords_graphc_cannot_honour_say_so():
         gc.capture(lambda x: x + gc.ones(3, requires_grad=True), x=gc.spec("float32", [3]))
     with pytest.raises(ValueError, match="gc.device: expected cpu, cuda"):
         gc.device("tpu")
+
+
+NUMPY_OPERANDS = {"float64": RNG.standard_normal(4), "float16": RNG.standard_normal(4).astype(np.float16),
+                  "int64": np.arange(-2, 2)}
+
+
+class _OnNumpy(nn.Module):
+    """``call()``'s value beside the input: an op whose operands are numpy arrays alone, in a capture."""
+
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, x):
+        return x, self.call()
+
+
+@pytest.mark.parametrize("dtype", sorted(NUMPY_OPERANDS))
+def test_an_op_on_numpy_arrays_alone_has_one_dtype_rule_inside_and_outside_a_capture(dtype):
+    """Outside a capture (9dd3df3) as inside: with no Tensor beside it a float64 array is float32 (a Python float's
+    rule, torch's default dtype), other dtypes kept; ``gc.as_tensor`` keeps float64, as ``torch.from_numpy``."""
+    torch = pytest.importorskip("torch")
+    a = NUMPY_OPERANDS[dtype]
+    lone = torch.from_numpy(a).float() if dtype == "float64" else torch.from_numpy(a)
+    calls = {"abs": (lambda: gc.abs(a), torch.abs(lone)), "add": (lambda: gc.add(a, a), lone + lone),
+             "as_tensor": (lambda: gc.abs(gc.as_tensor(a)), torch.abs(torch.from_numpy(a)))}
+    if dtype != "int64":  # onnxruntime's CPU provider has no int64 Relu
+        calls["relu"] = (lambda: gc.relu(a), torch.relu(lone))
+    x = np.zeros(1, np.float32)
+    for name, (call, want) in calls.items():
+        outside = np.asarray(call())
+        assert outside.dtype == want.numpy().dtype, name
+        np.testing.assert_array_equal(outside, want.numpy(), err_msg=name)
+        model = gc.capture(_OnNumpy(call), x=x)
+        for backend in ("numpy", "ort-cpu"):
+            inside = list(gc.Session(model, backend=backend).run({"x": x}).values())[1]
+            assert inside.dtype == outside.dtype, (name, backend)
+            np.testing.assert_array_equal(inside, outside, err_msg=f"{name} {backend}")
