@@ -40,9 +40,10 @@ def _dynamo_like(bias: np.ndarray) -> gc.Model:
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], producer_name="pytorch")
     model.graph.metadata_props.add(key=SIGNATURE, value=" ".join(
         f"InputSpec(kind=<InputKind.PARAMETER: 2>, arg=..., PARAMETER target='{t}')"
-        for t in ("conv.weight", "bn.weight", "bn.bias", "table", "fc.weight")))
+        for t in ("conv.weight", "bn.weight", "bn.bias", "table", "fc.weight")) + " BUFFER target='rel_index'")
     folded = oh.make_tensor_value_info("unsqueeze", onnx.TensorProto.FLOAT, [1, 2, 2, 2])
-    folded.metadata_props.add(key=FOLDED_FROM, value="['table', 'rel_index', 'view_2']")  # where torch writes it
+    # where torch writes it, as torch 2.13 records a gather (``index``) of a buffer's indices
+    folded.metadata_props.add(key=FOLDED_FROM, value="['index', 'rel_index', 'table', 'view_2']")
     model.graph.value_info.append(folded)
     return gc.load(model)
 

@@ -21,8 +21,10 @@ Exporters keep weights in odd places. This pass handles:
 5. initializers that the exporter made, not the source model's parameters, and the buffers of
    ``gc.nn`` modules (``exporter_constants``);
 6. parameters the exporter's constant folding merged with other tensors (a BatchNorm fused into
-   the Conv before it, a table gathered by constant indices): the merged tensor trains, which
-   is not what the source model trains; a warning names them (``warn_folded_parameters``).
+   the Conv before it, a table gathered by constant indices) or replaced with a function of them
+   (``sigmoid(gate)``, a weight norm): the folded tensor trains, which is not what the source
+   model trains; a warning names them (``warn_folded_parameters``). A transposed or reshaped
+   parameter trains as the parameter does and is not named (``fold_records``).
 7. a weight shared by two layers that TorchScript's constant folding split in two (an Embedding
    tied to the output Linear: ``e.weight`` and ``onnx::MatMul_6``, its transpose): the folded
    copy is computed from the weight again (``retie_folded_copies``), so both train as one;
@@ -48,6 +50,7 @@ import onnx_ir as ir
 
 from graphc.model import BUFFERS_KEY, SOURCE_KEY
 from graphc.passes.autodiff.registry import settings_only
+from graphc.passes.training import fold_records
 from graphc.passes.values import STOP_GRADIENT_KEY
 
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
@@ -286,18 +289,27 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
     2. TorchScript: a trainable ``onnx::<Op>_<N>`` initializer read by a Conv (the exporter
        re-lays out Linear and recurrent weights, never a Conv's), named with its readers (their
        names are module paths: ``/layer1/conv/Conv``);
-    3. either: a trainable tensor folded from a parameter (``folded_from`` naming one, or an
-       ``onnx::`` name) whose nonzero values repeat: the parameter copied to several places (a
+    3. dynamo: a trainable tensor folded from parameters by an op other than one that moves
+       their elements (``fold_records.functions``: ``sigmoid(gate)``, a weight norm, ``w * 0.5``);
+    4. either: any other trainable tensor folded from a parameter (``folded_from`` naming one, or
+       an ``onnx::`` name) whose nonzero values repeat: the parameter copied to several places (a
        relative position bias table gathered by constant indices), which the source model trains
        as one value and training here as several. A slice or a reordering copies each value once.
     """
     graph = model.graph
     found = []
     if _SIGNATURE in graph.metadata_props:
-        signature = signature_targets(graph, "PARAMETER")
+        signature, inputs = signature_targets(graph, "PARAMETER"), signature_targets(graph, "[A-Z_]+")
         sources = {name: _sources(value) for name, value in graph.initializers.items()}
-        found = [f"{name!r} (copies of {', '.join(sorted(sources[name] & signature))})" for name in params
-                 if sources.get(name, set()) & signature and _repeats(graph.initializers[name])]
+        for name in params:
+            folded = sorted(sources.get(name, set()) & signature)
+            if not folded:
+                continue
+            ops = fold_records.functions(name, sources[name], inputs)
+            if ops:
+                found.append(f"{name!r} (computed from {', '.join(folded)} by {', '.join(ops)})")
+            elif _repeats(graph.initializers[name]):
+                found.append(f"{name!r} (copies of {', '.join(folded)})")
         gone = signature - set(graph.initializers) - {s for group in sources.values() for s in group} \
             - _tied_parameters(graph, signature)
         gone = sorted(gone - _aliases(graph, gone))
@@ -396,8 +408,9 @@ def warn_folded_parameters(model: ir.Model, params: Sequence[str]) -> None:
     found = folded_parameters(model, params)
     if found:
         warnings.warn(
-            f"the exporter folded parameters together with other tensors: {'; '.join(found)}. Training updates the "
-            "merged tensors, which is not what the source model trains (a BatchNorm fused into a Conv, a table "
-            "gathered by constant indices). Export without constant folding to train the model's own parameters: "
-            "torch.onnx.export(..., do_constant_folding=False) or torch.onnx.export(..., dynamo=True, optimize=False).",
+            f"the exporter folded parameters into other tensors: {'; '.join(found)}. Training updates those tensors "
+            "in their place, which does not train as the source model does (a BatchNorm fused into a Conv, a table "
+            "gathered by constant indices, a function of a parameter such as sigmoid(gate) or a weight norm). Export "
+            "without constant folding to train the model's own parameters: torch.onnx.export(..., dynamo=True, "
+            "optimize=False) or torch.onnx.export(..., do_constant_folding=False).",
             UserWarning, stacklevel=4)
