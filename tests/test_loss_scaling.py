@@ -307,6 +307,11 @@ def test_fit_records_the_scale_and_skipped_steps(backend, tmp_path, capsys):
         acc.Reload()
         assert [e.value for e in acc.Scalars("train/skipped_steps")] == [2, 2]
         assert [e.value for e in acc.Scalars("train/loss_scale")] == [512, 256]
+        # every step's loss at its step, a skipped step's inf too (an epoch's first 2 were missing: its
+        # steps were cut to the 3 its mean counts)
+        losses = acc.Scalars("train/loss")
+        assert [e.step for e in losses] == list(range(1, 11))
+        np.testing.assert_array_equal([e.value for e in losses], np.float32(history.step_losses))
     plain = gc.Trainer(_generate(SPECS["adamw"], "float32", None)[1], backend=backend)
     record = plain.fit(gc.data.DataLoader(batches[0], batch_size=6), 1, progress=False).epochs[0]
     assert (record.loss_scale, record.skipped_steps, plain.skipped_steps) == (None, None, None)

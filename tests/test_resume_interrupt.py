@@ -132,7 +132,7 @@ def test_fit_stopped_and_resumed_in_process_equals_the_uninterrupted_run(tmp_pat
         ck = tmp_path / f"ck{step}"
         first = gc.Trainer(arts, backend=backend, seed=4)
         if killed:  # a kill gives fit no chance to save: only the last periodic checkpoint stays
-            monkeypatch.setattr(first, "_saved_on_interrupt", lambda checkpoint: contextlib.nullcontext())
+            monkeypatch.setattr(first, "_saved_on_interrupt", lambda *args: contextlib.nullcontext())
         monkeypatch.setenv(SIGNAL_HOOK_ENV, f"INT:{step}")  # a real SIGINT to this process, held to the step's end
         with pytest.raises(KeyboardInterrupt) as interrupt:
             fit(first, checkpoint=ck, checkpoint_every=EVERY)

@@ -81,3 +81,49 @@ def test_cli_tensorboard(capsys, tmp_path):
     err = one_line_error(run_cli(capsys, "train", root / "arts", "--data", root / "data.npz", "--epochs", "1",
                                  "--batch-size", "32", "--backend", "numpy", "--tensorboard", root / "file"))
     assert "file: a file, not a folder; expected a folder" in err
+
+
+def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of every event file in ``logdir``: tag -> sorted (step, value), a step written
+    twice kept twice (each file read alone, nothing purged)."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.*")):
+        acc = EventAccumulator(str(path), purge_orphaned_data=False)
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return {tag: sorted(values) for tag, values in found.items()}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("killed", [False, True], ids=["interrupted", "killed"])
+def test_a_run_resumed_mid_epoch_logs_each_step_once(tmp_path, monkeypatch, backend, killed):
+    """Ctrl-C at step 10 (mid-epoch 2 of 7-step epochs), or a kill there that leaves step 8's
+    periodic checkpoint: the run resumed into the same log holds each step's ``train/loss`` and
+    ``train/grad_norm`` once, as the uninterrupted run's log (steps 8-10 or 8 were missing: each
+    epoch's steps went out at its end, from the resumed process's part of the epoch only)."""
+    import contextlib
+
+    from graphc.runtime.trainer import SIGNAL_HOOK_ENV
+    from trainer_models import drop_bn_artifacts
+
+    arts = drop_bn_artifacts(gc.optim.SGD(0.05, momentum=0.9, max_grad_norm=0.5))
+
+    def fit(trainer, **kwargs):
+        return trainer.fit(gc.data.DataLoader(blobs(100), batch_size=16, seed=3), 3, progress=False, quiet=True,
+                           eval_loader=gc.data.DataLoader(blobs(40, seed=1), 64, shuffle=False), **kwargs)
+
+    fit(gc.Trainer(arts, backend=backend, seed=4, tensorboard=tmp_path / "straight"))
+    first = gc.Trainer(arts, backend=backend, seed=4, tensorboard=tmp_path / "resumed")
+    if killed:  # no save and no flush on the way out
+        monkeypatch.setattr(first, "_saved_on_interrupt", lambda *args: contextlib.nullcontext())
+    monkeypatch.setenv(SIGNAL_HOOK_ENV, "INT:10")
+    with pytest.raises(KeyboardInterrupt):
+        fit(first, checkpoint=tmp_path / "ck", checkpoint_every=4)
+    monkeypatch.delenv(SIGNAL_HOOK_ENV)
+    resumed = gc.Trainer(tmp_path / "ck", backend=backend, tensorboard=tmp_path / "resumed")
+    assert resumed.step_count == (8 if killed else 10)
+    fit(resumed, checkpoint=tmp_path / "ck")
+    want, got = _scalars(tmp_path / "straight"), _scalars(tmp_path / "resumed")
+    assert [step for step, _ in got["train/loss"]] == [step for step, _ in got["train/grad_norm"]] == list(range(1, 22))
+    assert got == want

@@ -3,7 +3,8 @@
 
 Event files are written with TensorBoard's own ``EventFileWriter`` (the optional dependency
 ``pip install 'graphc[tensorboard]'``). Scalars, on the global step axis (so a resumed run
-continues its curves): ``train/loss`` each step, ``train/epoch_loss`` (the epoch's mean),
+continues its curves): ``train/loss`` each step (held until ``fit`` saves a checkpoint, ends an epoch or
+stops on Ctrl-C, so a resume logs each step once), ``train/epoch_loss`` (the epoch's mean),
 ``train/epoch_<metric>`` (the epoch's train metrics),
 ``eval/<metric>`` after each epoch with an evaluation set, ``train/lr``, with loss scaling
 ``train/loss_scale`` (the scale at the epoch's end) and ``train/skipped_steps`` (the epoch's). The graph tab shows
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Union
+from typing import Optional, Union
 
 import onnx
 
@@ -79,6 +79,7 @@ class TensorBoardWriter:
         if self.logdir.exists() and not self.logdir.is_dir():
             raise ValueError(f"cannot write TensorBoard logs to {self.logdir}: it is a file, not a directory")
         self._writer = self._tb.EventFileWriter(str(self.logdir))
+        self._steps: list[tuple[int, float, Optional[float]]] = []  # held by ``step`` until ``flush``
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         summary = self._tb.Summary(value=[self._tb.Summary.Value(tag=tag, simple_value=float(value))])
@@ -88,14 +89,27 @@ class TensorBoardWriter:
         self._writer.add_event(self._tb.Event(wall_time=time.time(),
                                                  graph_def=graph_def(model).SerializeToString()))
 
-    def epoch(self, record, step_losses: list[float], step: int, lr: float, grad_norms: Sequence[float] = ()) -> None:
-        """An epoch's scalars: ``step_losses`` are its steps' losses, ending at global ``step``;
-        ``grad_norms`` their total gradient norms (with ``max_grad_norm``), if any."""
-        first = step - len(step_losses) + 1
-        for i, loss in enumerate(step_losses):
-            self.scalar("train/loss", loss, first + i)
-        for i, norm in enumerate(grad_norms):
-            self.scalar("train/grad_norm", norm, first + i)
+    def step(self, step: int, loss: float, grad_norm: Optional[float] = None) -> None:
+        """Hold global step ``step``'s ``train/loss`` (and ``train/grad_norm``, with
+        ``max_grad_norm``) until ``flush``: ``fit`` flushes at each checkpoint save, epoch end and
+        Ctrl-C, so the file holds the steps a checkpoint covers and a resume writes the rest once."""
+        self._steps.append((int(step), float(loss), grad_norm))
+
+    def discard(self) -> None:
+        """Drop the steps held since the last ``flush`` (a run rewound before them: they are trained again)."""
+        self._steps.clear()
+
+    def flush(self) -> None:
+        """Write the held steps' scalars and flush the file."""
+        for step, loss, norm in self._steps:
+            self.scalar("train/loss", loss, step)
+            if norm is not None:
+                self.scalar("train/grad_norm", norm, step)
+        self._steps.clear()
+        self._writer.flush()
+
+    def epoch(self, record, step: int, lr: float) -> None:
+        """An epoch's scalars at global ``step`` (its last), written with the steps held."""
         self.scalar("train/epoch_loss", record.loss, step)
         for name, value in record.metrics.items():
             self.scalar(f"train/epoch_{name}", value, step)
@@ -105,7 +119,7 @@ class TensorBoardWriter:
         if record.loss_scale is not None:
             self.scalar("train/loss_scale", record.loss_scale, step)
             self.scalar("train/skipped_steps", record.skipped_steps, step)
-        self._writer.flush()
+        self.flush()
 
     def close(self) -> None:
         self._writer.close()

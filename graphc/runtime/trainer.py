@@ -707,11 +707,18 @@ class Trainer:
 
         history = History(backend=self.backend)
         self._skips_seen = self.skipped_steps
-        save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
-        with self._saved_on_interrupt(checkpoint), self._interrupts.armed(), \
+        if board is not None:
+            board.discard()  # steps an earlier fit held and never saved: a rewound run trains them again
+
+        def save() -> None:  # TensorBoard's steps go out first: a resume from this checkpoint writes the rest once
+            if board is not None:
+                board.flush()
+            self.save_checkpoint(checkpoint)
+
+        with self._saved_on_interrupt(checkpoint, board), self._interrupts.armed(), \
                 TrainProgress(epochs, len(loader), bar=progress and not quiet, lines=not quiet) as bar:
             while self.epoch < epochs:
-                self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
+                self._fit_epoch(loader, history, bar, board, save if checkpoint_every else None, checkpoint_every)
                 metrics = self._epoch_eval(eval_loader) if eval_loader is not None else {}
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
@@ -720,13 +727,11 @@ class Trainer:
                         self._step_scheduler(metrics["loss"] if "loss" in metrics else record.loss)
                     history.epochs.append(record)
                     if board is not None:
-                        board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
-                                    self.step_count, float("nan") if record.lr is None else record.lr,
-                                    history.step_grad_norms[-record.steps:] if record.steps else [])
+                        board.epoch(record, self.step_count, float("nan") if record.lr is None else record.lr)
                     bar.epoch_done(record)
                     if epoch_log is not None:
                         epoch_log.write(record)
-                if save is not None:
+                if checkpoint is not None:
                     save()
         loader.epoch = self.epoch
         self._fetch, self._skips_seen = ("loss",), None
@@ -735,12 +740,15 @@ class Trainer:
         return history
 
     @contextmanager
-    def _saved_on_interrupt(self, checkpoint: Union[str, os.PathLike, None]) -> Iterator[None]:
-        """A Ctrl-C inside saves ``checkpoint`` (the state is whole: steps hold Ctrl-C to their
-        end) and becomes ``TrainingInterrupted``."""
+    def _saved_on_interrupt(self, checkpoint: Union[str, os.PathLike, None], board=None) -> Iterator[None]:
+        """A Ctrl-C inside writes the steps ``board`` (TensorBoard's writer) holds and saves
+        ``checkpoint`` (the state is whole: steps hold Ctrl-C to their end), and becomes
+        ``TrainingInterrupted``."""
         try:
             yield
         except KeyboardInterrupt as exc:
+            if board is not None:  # the steps done so far: a later fit or a resume goes on after them
+                board.flush()
             if checkpoint is None:
                 raise
             try:
@@ -765,8 +773,9 @@ class Trainer:
             self._tensorboard_writer = writer
         return self._tensorboard_writer
 
-    def _fit_epoch(self, loader, history: History, bar, save, every: Optional[int]) -> None:
-        """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on."""
+    def _fit_epoch(self, loader, history: History, bar, board, save, every: Optional[int]) -> None:
+        """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on, each
+        step's loss held by ``board`` (TensorBoard's writer, or None)."""
         hook = _signal_hook()
         sums = self._progress
         bar.start_epoch(self.epoch, self.batch_in_epoch, sums.mean_loss())
@@ -790,8 +799,9 @@ class Trainer:
                 if not math.isfinite(loss) and not scaled_away:
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); {self._non_finite_cause(loader, batch)}")
-                if self._grad_norm:
-                    history.step_grad_norms.append(float(self._step_outputs[self._grad_norm]))
+                norm = float(self._step_outputs[self._grad_norm]) if self._grad_norm else None
+                if norm is not None:
+                    history.step_grad_norms.append(norm)
                 if not scaled_away:
                     self._add_train_metrics(batch, examples)
                 now = time.perf_counter()
@@ -802,6 +812,8 @@ class Trainer:
                     sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
+                if board is not None:
+                    board.step(self.step_count, loss, norm)
                 if self._scheduler is not None and self.scheduler_interval == "step":
                     self._step_scheduler(loss)
             bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9))
