@@ -1,12 +1,15 @@
-"""What a killed save leaves is cleaned up, a checkpoint of another model is never overwritten,
+"""What a killed save leaves is cleaned up, a run killed at a save's commit point resumes as the
+uninterrupted one, a checkpoint of another model is never overwritten,
 artifact graphs that do not match their manifest are refused, and the fused update's flat
 buffers and the checkpoint file keep every tensor bit for bit."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import onnx
@@ -18,7 +21,7 @@ import graphc as gc
 from graphc.runtime import checkpoint as ckpt
 from graphc.fileio import atomic_write, remove_stale_temps, scratch_dir
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs, bn_artifacts, imported_mlp
+from trainer_models import blobs, bn_artifacts, drop_bn_artifacts, imported_mlp
 
 # Runs ``graphc`` code that SIGKILLs itself in the middle of writing: right after onnx_ir (or
 # graphc's synced write) has written its first file into the temp.
@@ -109,6 +112,85 @@ def test_a_killed_checkpoint_save_keeps_the_previous_one_and_its_temp_is_removed
     assert len(stale) == 1 and stale[0].startswith(".artifacts.tmp-") and not (tmp_path / "fresh" / "artifacts").exists()
     trainer.save_checkpoint(tmp_path / "fresh")
     assert temps(tmp_path / "fresh") == [] and (tmp_path / "fresh" / "artifacts" / "manifest.json").is_file()
+
+
+# Trains 3 epochs of 7 steps with a checkpoint every 4 steps, TensorBoard and a log, and SIGKILLs
+# itself at the commit point of step 8's save: right before or right after the checkpoint file's
+# rename over step 7's (epoch 1's end; step 4's before it).
+KILLED_AT_COMMIT = textwrap.dedent("""
+    import os, signal, sys
+    import graphc as gc
+    from graphc import fileio
+    sys.path.insert(0, sys.argv[4])
+    from test_checkpoint_safety import fit
+
+    when, arts, root = sys.argv[1], sys.argv[2], sys.argv[3]
+    real, renames = os.replace, []
+
+    def replace(src, dst):
+        renames.append(dst) if str(dst).endswith("checkpoint.safetensors") else None
+        commit = len(renames) == 3  # step 8's: after step 4's and epoch 1's
+        if commit and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst)
+        if commit:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    fileio.os.replace = replace
+    fit(gc.Trainer(arts, backend=sys.argv[5], seed=4, tensorboard=root + "/tb"), root, checkpoint=root + "/ck",
+        checkpoint_every=4)
+""")
+
+
+def fit(trainer, root, **kwargs):
+    """3 epochs of 7 steps (100 rows, the last batch 4), shuffled, with an eval set, a log and Dropout."""
+    return trainer.fit(gc.data.DataLoader(blobs(100), batch_size=16, seed=3), 3, progress=False, quiet=True,
+                       eval_loader=gc.data.DataLoader(blobs(40, seed=1), 64, shuffle=False),
+                       log=f"{root}/log.jsonl", **kwargs)
+
+
+def board_and_log(root):
+    """The TensorBoard scalars as TensorBoard shows ``root/tb`` (tag -> (step, value)), and the log's
+    rows less their times."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(root / "tb"))
+    acc.Reload()
+    rows = [json.loads(line) for line in (root / "log.jsonl").read_text().splitlines()]
+    return ({tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]},
+            [{k: v for k, v in row.items() if k not in ("seconds", "samples_per_s")} for row in rows])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_run_killed_at_a_saves_commit_point_resumes_as_the_uninterrupted_one(tmp_path, backend, when):
+    """Killed right before step 8's checkpoint replaces step 7's (epoch 1's end), the run resumes
+    from step 7, after it from step 8; either way the params, optimizer state and BatchNorm statistics equal the
+    uninterrupted run's bit for bit, and its log and TensorBoard scalars (those written past the
+    checkpoint, then again, shown once) are the uninterrupted run's."""
+    pytest.importorskip("tensorboard", reason="tensorboard is a dev extra")
+    arts = drop_bn_artifacts(gc.optim.AdamW(1e-2, weight_decay=0.1)).save(tmp_path / "arts")
+    straight = gc.Trainer(arts, backend=backend, seed=4, tensorboard=tmp_path / "straight" / "tb")
+    fit(straight, tmp_path / "straight")
+    script = tmp_path / "killed_at_commit.py"
+    script.write_text(KILLED_AT_COMMIT)
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, script, when, arts, run, os.path.dirname(__file__), backend],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    # TensorBoard reads a folder's event files in name order, named by the second they were made in:
+    # the resumed run's must come after the killed one's (a run that lived under a second: a test's)
+    made = max(int(p.name.split(".")[3]) for p in (run / "tb").glob("events.*"))
+    time.sleep(max(0.0, made + 1 - time.time()))
+    resumed = gc.Trainer(run / "ck", backend=backend, tensorboard=run / "tb")
+    assert resumed.step_count == (7 if when == "before" else 8) and temps(run / "ck") == []
+    fit(resumed, run, checkpoint=run / "ck")
+    for name, value in straight.state_dict().items():
+        assert resumed.state_dict()[name].tobytes() == value.tobytes(), name
+    del straight, resumed  # their TensorBoard writers closed
+    want, got = board_and_log(tmp_path / "straight"), board_and_log(run)
+    assert [step for step, _ in got[0]["train/loss"]] == list(range(1, 22))
+    assert got == want
 
 
 def test_a_checkpoint_folder_whose_file_or_artifacts_lead_outside_is_refused(tmp_path, saved):

@@ -36,7 +36,8 @@ def _tensorboard(logdir) -> SimpleNamespace:
         raise MissingDependency(f"writing TensorBoard logs to {logdir} needs the tensorboard package, which is not "
                                 "installed: pip install 'graphc[tensorboard]' (or tensorboard)") from exc
     return SimpleNamespace(AttrValue=attr_value_pb2.AttrValue, Event=event_pb2.Event, GraphDef=graph_pb2.GraphDef,
-                           NodeDef=node_def_pb2.NodeDef, Summary=summary_pb2.Summary, EventFileWriter=EventFileWriter)
+                           NodeDef=node_def_pb2.NodeDef, Summary=summary_pb2.Summary, SessionLog=event_pb2.SessionLog,
+                           EventFileWriter=EventFileWriter)
 
 
 def graph_def(model: onnx.ModelProto):
@@ -88,6 +89,13 @@ class TensorBoardWriter:
     def graph(self, model: onnx.ModelProto) -> None:
         self._writer.add_event(self._tb.Event(wall_time=time.time(),
                                                  graph_def=graph_def(model).SerializeToString()))
+
+    def start(self, step: int) -> None:
+        """Mark a run (re)starting at global ``step``: TensorBoard drops the events of this folder at
+        ``step`` and after written before (its ``SessionLog.START``), those of a run killed after
+        its last checkpoint, which the resume writes again."""
+        self._writer.add_event(self._tb.Event(wall_time=time.time(), step=int(step),
+                                              session_log=self._tb.SessionLog(status=self._tb.SessionLog.START)))
 
     def step(self, step: int, loss: float, grad_norm: Optional[float] = None) -> None:
         """Hold global step ``step``'s ``train/loss`` (and ``train/grad_norm``, with

@@ -709,6 +709,7 @@ class Trainer:
         self._skips_seen = self.skipped_steps
         if board is not None:
             board.discard()  # steps an earlier fit held and never saved: a rewound run trains them again
+            board.start(self.step_count + 1)  # and those written after the checkpoint resumed: shown no more
 
         def save() -> None:  # TensorBoard's steps go out first: a resume from this checkpoint writes the rest once
             if board is not None:
