@@ -173,6 +173,10 @@ class Manifest(BaseModel):
     trainable: list[str]
     frozen: list[str]  # float initializers kept fixed (chosen so, or not reaching the loss)
     constants: dict[str, str] = {}  # float initializers the exporter made, not params: name -> why
+    # params (trainable or frozen) a dynamo export's optimizer folded from one parameter of the source
+    # model by moving its elements (a Linear's transposed weight): name -> that parameter's name, by
+    # which name patterns (no_decay, frozen, params, trainable) select them too; the tensor keeps its name
+    sources: dict[str, str] = {}
     batchnorm: Literal["train", "frozen"] = "train"  # BatchNorm in train_step/gradients
     state: list[str]  # names stored in state.safetensors (params, opt state, step, BN stats, lr)
     optimizer: dict  # the optimizer spec as JSON ({"kind": "sgd", "lr": ..., ...})
@@ -583,7 +587,10 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             running statistics are state, never trainable). A param the loss never reads is not
             updated even when named here (a warning says so): it has no gradient, as in torch.
         frozen: names or patterns excluded from ``trainable`` (they stay initializers).
-        params: names or patterns trained though the rule above calls them constants.
+        params: names or patterns trained though the rule above calls them constants. These
+            (and the optimizer's ``no_decay``) also select a tensor that a dynamo export folded
+            from one parameter by moving its elements by that parameter's name (``val_6`` by
+            ``fc.weight``: ``manifest.sources``).
         batchnorm: ``"train"`` (batch statistics, running ones updated: ``model.train()``) or
             ``"frozen"`` (the running statistics normalise and stay as they are, as
             ``model.eval()`` / ``FrozenBatchNorm2d``; scale and bias still train unless frozen).
@@ -662,6 +669,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         opset=built.opset,
         graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
         feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, constants=built.constants,
+        sources=built.sources,
         batchnorm=batchnorm, state=list(built.state),
         optimizer=opt_json, loss=loss_json, metrics=_default_metrics(loss_json, graphs["eval"]),
         model_outputs=built.model_outputs, recompute=recompute, device=device,
@@ -694,7 +702,8 @@ def update_model(manifest: Manifest) -> Model:
     gated = [p.name for p in params if p.name + STEP_SUFFIX in inputs]  # each with its own step count
     flagged = [e.name[: -len(TOUCHED_SUFFIX)] for e in manifest.graphs["gradients"].outputs if e.role == "touched"]
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups, opt.get("no_decay") or (),
-                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated, flagged))
+                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated, flagged,
+                                        manifest.sources))
 
 
 def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:

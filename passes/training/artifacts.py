@@ -44,10 +44,9 @@ from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
-from graphc.passes.training import guarded_params, optimizers, param_selection
+from graphc.passes.training import guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
 from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
 from graphc.passes.training import recompute as recomputation
-from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
@@ -86,6 +85,7 @@ class Built:
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
     one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
     renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``max_norm``)
+    sources: dict[str, str]  # tensors folded from one parameter by moving its elements: name -> it (``param_selection``)
 
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
@@ -113,11 +113,11 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     free_names(base.graph, _reserved(loss, optimizer, loss_scale))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
-    params, frozen_all, constants = param_selection.select(base, bn_stats, trainable, frozen, params, order)
+    chosen = param_selection.select(base, bn_stats, trainable, frozen, params, order, optimizer.get("no_decay") or ())
+    params, frozen_all, constants, decays = chosen.trainable, chosen.frozen, chosen.constants, chosen.decays
     renormed = max_norm.renormed(base.graph, opset, params)  # stepped from their renormalised values
     imports.warn_shared_normalization_params(base.graph, params)
-    imports.warn_folded_parameters(base, params)
-    decays = param_selection.decays(params, optimizer.get("no_decay") or ())
+    imports.warn_folded_parameters(base, params, chosen.notes)
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     # momentum=None BatchNorms' counters: state of the training graphs only (eval reads none)
@@ -192,7 +192,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     state.update(guarded_params.own_state(gated, optimizer))
     state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
-                 orders, one_row, list(renormed))
+                 orders, one_row, list(renormed), chosen.sources)
 
 
 def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
@@ -371,8 +371,8 @@ def _infer_shapes(model: ir.Model) -> None:
 
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
-                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None,
-                 loss_scale: dict | None = None, gated: Sequence[str] = (), flagged: Sequence[str] = ()) -> ir.Model:
+                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None, loss_scale: dict | None = None,
+                 gated: Sequence[str] = (), flagged: Sequence[str] = (), sources: Mapping[str, str] = {}) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
     buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
@@ -382,7 +382,8 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     train_step, the scale's state an input and output too. ``gated``: the params train_step steps
     only when a step reads them, each with its own ``<param>.step`` (not in ``groups``); here
     those of ``flagged`` are stepped where the bool input ``<param>.touched`` is (the workers'
-    gradients graphs' flags ORed), the others every step."""
+    gradients graphs' flags ORed), the others every step. ``no_decay`` selects params by name or by
+    the parameter they were folded from (``sources``, ``Manifest.sources``)."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
     if loss_scale is not None:
         input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
@@ -391,7 +392,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         values[p.name] = ir.Value(name=p.name, type=ir.TensorType(p.dtype), shape=p.shape)
         grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
         graph.inputs.extend((values[p.name], grads[p.name]))
-    decays = param_selection.decays(list(values), no_decay)
+    decays = param_selection.decays(list(values), no_decay, sources)
     slots = _slots(optimizer, {p.name: p.dtype for p in params}, groups)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,

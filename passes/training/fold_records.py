@@ -24,14 +24,16 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-# aten ops whose output holds their input's elements, each once (or, for expand, several times:
-# caught by the values), or negated
-_MOVES = frozenset({"t", "transpose", "permute", "numpy_T", "movedim", "view", "reshape", "_unsafe_view",
-                    "flatten", "unflatten", "squeeze", "unsqueeze", "clone", "alias", "contiguous", "slice",
-                    "select", "narrow", "split", "split_with_sizes", "chunk", "unbind", "getitem", "cat",
-                    "stack", "expand", "neg"})
 # aten ops that read a tensor by indices; a fold with one of them is judged by its values
 _GATHERS = frozenset({"index", "embedding", "index_select", "gather", "take"})
+# aten ops whose output holds their input's elements, each once (or, for expand, several times:
+# caught by the values), or negated, by what they do in words: "val_6 (fc.weight, transposed)"
+_MOVE_WORDS = {"transposed": {"t", "transpose", "permute", "numpy_T", "movedim"},
+               "reshaped": {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze"},
+               "sliced": {"slice", "select", "narrow", "split", "split_with_sizes", "chunk", "unbind", "getitem"},
+               "concatenated": {"cat", "stack"}, "expanded": {"expand"}, "negated": {"neg"},
+               "copied": {"clone", "alias", "contiguous"}}
+_MOVES = frozenset().union(*_MOVE_WORDS.values())
 # aten ops that make a tensor from nothing but sizes: constants (an LSTM's zero state, read for its shape)
 _MADE = frozenset({"zeros", "ones", "full", "empty", "arange", "zeros_like", "ones_like", "full_like",
                    "empty_like", "new_zeros", "new_ones", "new_full", "new_empty", "scalar_tensor",
@@ -45,9 +47,22 @@ def functions(name: str, folded_from: Collection[str], inputs: Collection[str]) 
     parameters it was folded from (``folded_from``), so that it does not train as they do; empty
     when it only moves their elements or when it gathers (then its values decide). ``inputs``: the
     export's signature targets."""
-    ops = {_COUNTER.sub("", n) for n in {name, *folded_from}
-           if n not in inputs and not _EXPORTER_VALUE.fullmatch(n)}
+    ops = _ops(name, folded_from, inputs)
     if ops & _GATHERS:
         return []
     return sorted(ops - _MOVES - _MADE)
 
+
+def moves(name: str, folded_from: Collection[str], inputs: Collection[str]) -> str:
+    """The element moves recorded as making the folded tensor ``name``, in words (``"transposed,
+    reshaped"``); ``"re-laid out by the exporter"`` where none is (only the exporter's own values:
+    a Linear's weight transposed by its conversion, an LSTM's gates reordered)."""
+    ops = _ops(name, folded_from, inputs)
+    words = [word for word, group in [*_MOVE_WORDS.items(), ("gathered", _GATHERS)] if ops & group]
+    return ", ".join(words) or "re-laid out by the exporter"
+
+
+def _ops(name: str, folded_from: Collection[str], inputs: Collection[str]) -> set[str]:
+    """The aten ops among the names ``name`` and ``folded_from`` (the export's ``inputs`` and the
+    exporter's ``val_N`` values left out), each without its counter."""
+    return {_COUNTER.sub("", n) for n in {name, *folded_from} if n not in inputs and not _EXPORTER_VALUE.fullmatch(n)}

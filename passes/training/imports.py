@@ -43,7 +43,8 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -280,9 +281,10 @@ def warn_shared_normalization_params(graph: ir.Graph, params: Sequence[str]) -> 
 _COMPUTED_WEIGHTS = frozenset({"Conv", "ConvTranspose"})
 
 
-def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
+def folded_parameters(model: ir.Model, params: Sequence[str], notes: Mapping[str, str] = {}) -> list[str]:
     """Descriptions of what the exporter's constant folding merged into the trainable ``params``,
-    decided by the exporters' records and by the folded values:
+    decided by the exporters' records and by the folded values (``notes``: {tensor: text added to
+    its description}):
 
     1. dynamo: a parameter of the signature that is no initializer and no initializer's only
        source (``folded_from``): a BatchNorm's weight and bias fused into the Conv before it;
@@ -299,17 +301,11 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
     graph = model.graph
     found = []
     if _SIGNATURE in graph.metadata_props:
-        signature, inputs = signature_targets(graph, "PARAMETER"), signature_targets(graph, "[A-Z_]+")
+        signature = signature_targets(graph, "PARAMETER")
+        for name, fold in dynamo_folds(model, params).items():
+            if fold.warned:
+                found.append(f"{name!r} ({fold}{notes.get(name, '')})")
         sources = {name: _sources(value) for name, value in graph.initializers.items()}
-        for name in params:
-            folded = sorted(sources.get(name, set()) & signature)
-            if not folded:
-                continue
-            ops = fold_records.functions(name, sources[name], inputs)
-            if ops:
-                found.append(f"{name!r} (computed from {', '.join(folded)} by {', '.join(ops)})")
-            elif _repeats(graph.initializers[name]):
-                found.append(f"{name!r} (copies of {', '.join(folded)})")
         gone = signature - set(graph.initializers) - {s for group in sources.values() for s in group} \
             - _tied_parameters(graph, signature)
         gone = sorted(gone - _aliases(graph, gone))
@@ -322,6 +318,50 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
             if _repeats(graph.initializers[name]) or any(node.op_type in _COMPUTED_WEIGHTS for node in readers):
                 found.append(f"{name!r} (read by {', '.join(repr(n.name or n.op_type) for n in readers)})")
     return found
+
+
+class Fold(NamedTuple):
+    """A tensor a dynamo export's optimizer folded from the parameters ``params`` (sorted): made by
+    the aten ``ops`` other than element moves (``fold_records.functions``), or by ``moves`` alone
+    (in words) and then whether its nonzero values ``repeat`` (a table gathered to several places)."""
+
+    params: list[str]
+    ops: list[str]
+    moves: str
+    repeats: bool
+
+    @property
+    def warned(self) -> bool:
+        """Whether it does not train as its parameters do (``warn_folded_parameters`` names it)."""
+        return bool(self.ops) or self.repeats
+
+    @property
+    def moved(self) -> bool:
+        """Whether it only moves the elements of one parameter: it trains as that one, and name
+        patterns select it by that one's name."""
+        return len(self.params) == 1 and not self.warned
+
+    def __str__(self) -> str:
+        if self.ops:
+            return f"computed from {', '.join(self.params)} by {', '.join(self.ops)}"
+        return f"copies of {', '.join(self.params)}" if self.repeats else f"{', '.join(self.params)}, {self.moves}"
+
+
+def dynamo_folds(model: ir.Model, names: Iterable[str]) -> dict[str, Fold]:
+    """The ``Fold`` of each initializer among ``names`` that a dynamo export's optimizer folded from
+    parameters (its ``folded_from`` naming any in the signature); empty for other models."""
+    graph = model.graph
+    if _SIGNATURE not in graph.metadata_props:
+        return {}
+    signature, inputs = signature_targets(graph, "PARAMETER"), signature_targets(graph, "[A-Z_]+")
+    folds = {}
+    for name in names:
+        sources = _sources(graph.initializers[name])
+        if sources & signature:
+            ops = fold_records.functions(name, sources, inputs)
+            folds[name] = Fold(sorted(sources & signature), ops, fold_records.moves(name, sources, inputs),
+                               not ops and _repeats(graph.initializers[name]))
+    return folds
 
 
 def signature_targets(graph: ir.Graph, kind: str) -> set[str]:
@@ -403,9 +443,9 @@ def _sources(value: ir.Value) -> set[str]:
         return set()
 
 
-def warn_folded_parameters(model: ir.Model, params: Sequence[str]) -> None:
-    """One warning listing ``folded_parameters`` and how to export without the merge."""
-    found = folded_parameters(model, params)
+def warn_folded_parameters(model: ir.Model, params: Sequence[str], notes: Mapping[str, str] = {}) -> None:
+    """One warning listing ``folded_parameters`` (``notes`` added) and how to export without the merge."""
+    found = folded_parameters(model, params, notes)
     if found:
         warnings.warn(
             f"the exporter folded parameters into other tensors: {'; '.join(found)}. Training updates those tensors "

@@ -1,13 +1,15 @@
 """Which float initializers a training run updates: the trainable, frozen and exporter-constant
 params (names or glob patterns from ``trainable``/``frozen``/``params``, params the loss never reads
 left out, as torch.optim skips a param without a gradient, with a warning for one read only in
-control flow that never runs), and which of them get weight decay."""
+control flow that never runs), and which of them get weight decay. A pattern also selects a tensor
+that a dynamo export folded from one parameter by moving its elements by that parameter's name."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
+from typing import NamedTuple
 
 import onnx_ir as ir
 
@@ -20,14 +22,35 @@ from graphc.passes.training.loss_graph import LOSS
 from graphc.passes.values import stops_gradient
 
 
-def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
-                   order: dict[str, int]) -> tuple[list[str], list[str], dict[str, str]]:
-    """(trainable, frozen, {exporter constant: why}) float initializers, in the original model's
-    initializer order. ``trainable``, ``frozen`` and ``params`` hold names or glob patterns."""
+class Selection(NamedTuple):
+    """What ``select`` chose: the ``trainable``, ``frozen`` and exporter-``constants`` ({name: why})
+    float initializers, whether each trainable one ``decays``, the ``sources`` of those that a dynamo
+    export folded from one parameter by moving its elements ({tensor: parameter}: name patterns
+    select them by it too) and ``notes`` on the other folds that a pattern names by a parameter
+    ({tensor: text for ``imports.warn_folded_parameters``})."""
+
+    trainable: list[str]
+    frozen: list[str]
+    constants: dict[str, str]
+    decays: dict[str, bool]
+    sources: dict[str, str]
+    notes: dict[str, str]
+
+
+def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params, order: dict[str, int],
+           no_decay: Sequence[str] = ()) -> Selection:
+    """The float initializers to train and keep, in the original model's initializer order.
+    ``trainable``, ``frozen``, ``params`` and ``no_decay`` hold names or glob patterns; each also
+    selects a tensor folded from one parameter by moving its elements by that parameter's name."""
     graph = model.graph
     candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
     candidates.sort(key=lambda n: order.get(n, len(order)))
-    frozen, forced = matching(frozen, candidates, "frozen"), matching(params, candidates, "params")
+    folds = imports.dynamo_folds(model, candidates)
+    sources = _sources(folds)
+    named = {"trainable": trainable or (), "frozen": frozen, "params": params, "no_decay": no_decay}
+    named = {option: list(patterns) for option, patterns in named.items()}
+    frozen = matching(named["frozen"], candidates, "frozen", folds)
+    forced = matching(named["params"], candidates, "params", folds)
     both = [n for n in forced if n in frozen]
     if both:  # frozen had silently won
         raise PassError(f"{both} matched by both frozen= (--freeze) and params= (--param): give each param one of them")
@@ -36,7 +59,7 @@ def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
         trainable = [n for n in candidates if n in forced or (
             n not in constants and not settings_only(graph.initializers[n]))]
     else:
-        chosen = set(matching(trainable, candidates, "trainable")) | set(forced)
+        chosen = set(matching(named["trainable"], candidates, "trainable", folds)) | set(forced)
         trainable = [n for n in candidates if n in chosen]
         constants = {n: why for n, why in constants.items() if n not in chosen}
         forced = chosen
@@ -63,18 +86,64 @@ def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
     if not trainable:
         raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
                         "not reach the loss")
-    return trainable, [n for n in candidates if n not in trainable and n not in constants], constants
+    notes = _unselected_folds(named, folds)
+    unwarned = [f"{n!r} ({folds[n]}){note}" for n, note in notes.items() if not folds[n].warned]
+    if unwarned:
+        warnings.warn(f"patterns name parameters that the exporter folded with others into one tensor, which they do "
+                      f"not select: {'; '.join(unwarned)}. Name the tensor itself to select it", UserWarning, stacklevel=4)
+    return Selection(trainable, [n for n in candidates if n not in trainable and n not in constants], constants,
+                     decays(trainable, named["no_decay"], sources), sources, notes)
 
 
-def matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -> list[str]:
-    """The candidates each name or glob pattern (``fnmatch``: ``*.bias``) selects; one that
-    selects none is an error naming the option."""
+def _unselected_folds(named: dict[str, list[str]], folds: dict[str, imports.Fold]) -> dict[str, str]:
+    """{tensor: "; frozen= 'gate*' names gate, not this tensor"} for each fold, other than an element
+    move of one parameter, one of whose parameters a pattern of an option (``named``) names and
+    the tensor's own name does not."""
+    notes = {}
+    for name, fold in ((n, f) for n, f in folds.items() if not f.moved):
+        said = [f"{option}= {pat!r} names {', '.join(p for p in fold.params if _named(p, pat))}"
+                for option, patterns in named.items() for pat in patterns
+                if any(_named(p, pat) for p in fold.params) and not _named(name, pat)]
+        if said:
+            notes[name] = f"; {', '.join(said)}, not this tensor"
+    return notes
+
+
+def _named(name: str, pattern: str) -> bool:
+    return name == pattern or fnmatchcase(name, pattern)
+
+
+def _selects(name: str, pattern: str, sources: Mapping[str, str]) -> bool:
+    """Whether ``pattern`` names the tensor ``name`` or the parameter it was folded from (``sources``)."""
+    return _named(name, pattern) or (name in sources and _named(sources[name], pattern))
+
+
+def _sources(folds: Mapping[str, imports.Fold]) -> dict[str, str]:
+    """{tensor: parameter} for the ``folds`` that only move one parameter's elements."""
+    return {n: fold.params[0] for n, fold in folds.items() if fold.moved}
+
+
+def _label(name: str, sources: Mapping[str, str], folds: Mapping[str, imports.Fold] = {}) -> str:
+    """``name`` as messages show it: ``view (fc1.bias, reshaped)`` for a folded tensor."""
+    fold = folds.get(name)
+    return f"{name} ({fold})" if fold is not None else f"{name} ({sources[name]})" if name in sources else name
+
+
+def matching(patterns: Iterable[str], candidates: Sequence[str], option: str,
+             folds: Mapping[str, imports.Fold] = {}) -> list[str]:
+    """The candidates each name or glob pattern (``fnmatch``: ``*.bias``) selects, by their names or,
+    for a tensor folded from one parameter by moving its elements (``folds``), by that one's; one
+    that selects none is an error naming the option (and any fold that holds the parameter it names)."""
     patterns = list(patterns)
-    picked = {pat: [n for n in candidates if n == pat or fnmatchcase(n, pat)] for pat in patterns}
+    sources = _sources(folds)
+    picked = {pat: [n for n in candidates if _selects(n, pat, sources)] for pat in patterns}
     unknown = [pat for pat, names in picked.items() if not names]
     if unknown:
-        shown = ", ".join(candidates[:12]) + (", ..." if len(candidates) > 12 else "")
-        raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
+        shown = ", ".join(_label(n, sources, folds) for n in candidates[:12]) + (", ..." if len(candidates) > 12 else "")
+        held = [f"{pat!r} names a parameter folded into {n!r} ({fold}): name that tensor to select it"
+                for pat in unknown for n, fold in folds.items() if any(_named(p, pat) for p in fold.params)]
+        raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}"
+                        + "".join(f"; {h}" for h in held))
     return [n for n in candidates if any(n in names for names in picked.values())]
 
 
@@ -87,10 +156,12 @@ def loss_inputs(graph: ir.Graph) -> set[ir.Value]:
     return needed
 
 
-def decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
-    """Whether each param gets weight decay: not when a ``no_decay`` pattern matches its name."""
-    unmatched = [pat for pat in no_decay if not any(fnmatchcase(p, pat) for p in params)]
+def decays(params: Sequence[str], no_decay: Sequence[str], sources: Mapping[str, str] = {}) -> dict[str, bool]:
+    """Whether each param gets weight decay: not when a ``no_decay`` pattern matches its name or,
+    for a tensor folded from one parameter by moving its elements, that one's (``sources``)."""
+    picked = {pat: [p for p in params if _selects(p, pat, sources)] for pat in no_decay}
+    unmatched = [pat for pat, names in picked.items() if not names]
     if unmatched:
-        shown = ", ".join(params[:8]) + (", ..." if len(params) > 8 else "")
+        shown = ", ".join(_label(p, sources) for p in params[:8]) + (", ..." if len(params) > 8 else "")
         raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
-    return {p: not any(fnmatchcase(p, pat) for pat in no_decay) for p in params}
+    return {p: not any(p in names for names in picked.values()) for p in params}
