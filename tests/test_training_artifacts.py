@@ -508,3 +508,20 @@ def test_params_used_inside_control_flow():
     assert losses[-1] < losses[0]
     assert np.array_equal(state["alt.weight"], arts.state["alt.weight"])
     assert not np.array_equal(state["fc.weight"], arts.state["fc.weight"])
+
+
+def test_a_manifest_without_folds_keeps_the_digest_it_had_before_sources():
+    """``Manifest.sources`` (dynamo folds' parameter names) came after checkpoints began recording
+    ``Manifest.digest()``: without folds the digest is that of the manifest's JSON with no such key
+    (as graphc before it wrote), with folds the sources count."""
+    import hashlib
+
+    factory, inputs = EXAMPLES["cnn"]
+    manifest = gc.training.generate(gc.capture(factory(), **inputs()), gc.losses.cross_entropy("output", label="y"),
+                                    gc.optim.SGD(0.1)).manifest
+    as_before = json.loads(manifest.model_dump_json())
+    assert as_before.pop("sources") == {}
+    before = json.dumps(as_before, separators=(",", ":"))
+    assert manifest.digest() == hashlib.sha256(before.encode()).hexdigest()[:16]
+    folded = manifest.model_copy(update={"sources": {"view": "fc.bias"}})
+    assert folded.digest() != manifest.digest()

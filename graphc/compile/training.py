@@ -295,8 +295,10 @@ class Manifest(BaseModel):
     def digest(self) -> str:
         """A digest of the whole manifest as JSON (optimizer and loss specs, trainable/frozen
         sets, every graph's inputs and outputs, ...): what tells one set of training graphs from
-        another (a checkpoint folder keeps the graphs of the digest its checkpoint records)."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        another (a checkpoint folder keeps the graphs of the digest its checkpoint records). An
+        empty ``sources`` is left out, so graphs without folds keep the digest they had before it."""
+        dumped = self.model_dump_json(exclude=None if self.sources else {"sources"})
+        return hashlib.sha256(dumped.encode()).hexdigest()[:16]
 
 
 GraphSource = Union[Model, Callable[[], Model]]
