@@ -31,8 +31,10 @@ PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-por
 
 
 def have_ray_cli() -> bool:
-    """Whether this interpreter has Ray's command line (``ray start``)."""
-    return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.scripts.scripts") is not None
+    """Whether this interpreter has Ray (its command line, ``ray start``, comes with it). Only the
+    top-level spec is looked up: finding ``ray.scripts`` would import ``ray``, whose constants then
+    read this process's multi-node switch before the tests that set it (at collection)."""
+    return importlib.util.find_spec("ray") is not None
 
 
 _TAKEN: set[int] = set()
