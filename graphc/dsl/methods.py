@@ -44,12 +44,12 @@ def _transpose(self: Tensor, *dims: Any) -> Tensor:
 
 def _reduction(reduce: Any, elementwise: Any = None, indexed: Any = None) -> Any:
     """A reduction method under numpy's and torch's keywords: ``x.sum(axis, keepdims)`` or
-    ``x.sum(dim=1, keepdim=True)``; with ``elementwise``, a Tensor argument is torch's binary form
+    ``x.sum(dim=1, keepdim=True)``; with ``elementwise``, a Tensor (or numpy array) argument is torch's binary form
     (``x.max(y)`` is ``gc.maximum(x, y)``); with ``indexed``, one int dim gives torch's
     ``(values, indices)`` (``ops_order.ValuesIndices``, also the values Tensor)."""
     def method(self: Tensor, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
                keepdim: bool | None = None) -> Tensor:
-        if elementwise is not None and isinstance(axis, Tensor):
+        if elementwise is not None and isinstance(axis, (Tensor, np.ndarray)):
             return elementwise(self, axis)
         if dim is not None and axis is not None:
             raise CaptureError(f"give the reduced dims once, as axis= or dim=, not both (at {user_source()})")

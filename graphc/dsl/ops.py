@@ -164,7 +164,9 @@ def same_dim(op: str, operands: Sequence[Tensor], a: Any, b: Any, what: str) -> 
 
 def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, num_outputs: int = 1, **kw):
     """Record one ``op`` node on ``inputs``; its output Tensor (a list when ``num_outputs > 1``).
-    Keywords go to ``Builder.emit`` (``out_types``, ``name_hint``, ``source``, ``evaluator``)."""
+    Keywords go to ``Builder.emit`` (``out_types``, ``name_hint``, ``source``, ``evaluator``). An input that is
+    not a Tensor (a numpy array, a Python number) is ``lift``ed, as an op on numpy arrays alone lifts each."""
+    inputs = [t if t is None or isinstance(t, Tensor) else lift(t) for t in inputs]
     builder = current()
     if not isinstance(builder, Outside):  # a Tensor computed outside any capture is a constant in it
         inputs = [constant(t.numpy()) if t is not None and made_outside(t.value) else t for t in inputs]
@@ -503,8 +505,8 @@ def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     """The ONNX reduction ``op`` over ``axis`` (None: all); the axes an input or an attribute by opset;
     an accumulating one computed in float32 for a narrow float (``upcast``)."""
     x = lift(x)
-    if isinstance(axis, Tensor):
-        raise op_error(op, [x, axis], "the axes must be ints, not a Tensor (for the elementwise max or min of two "
+    if isinstance(axis, (Tensor, np.ndarray)):
+        raise op_error(op, [x, lift(axis)], "the axes must be ints, not a Tensor (for the elementwise max or min of two "
                        "Tensors use gc.maximum or gc.minimum)", user_source())
     attrs: dict[str, Any] = {"keepdims": int(bool(keepdims))}
     axes = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl import (ops, ops_array, ops_binary, ops_dropout, ops_layers, ops_linalg, ops_nn, ops_pool,
                         ops_random, ops_reshape, ops_spatial, ops_views)
 from graphc.dsl.builder import op_error, user_source
@@ -45,7 +47,10 @@ def _code(fn: str, arg: str, value: Any, names: tuple[str, ...]) -> str:
     return names[value]
 
 
-def _tensor(fn: str, arg: str, x: Any) -> Tensor:
+def _tensor(fn: str, arg: str, x: Any, arrays: bool = False) -> Tensor:
+    """``x``, a Tensor (a numpy array lifted where ``arrays``); a CaptureError naming ``fn``'s ``arg`` otherwise."""
+    if arrays and isinstance(x, np.ndarray):
+        return ops.lift(x)
     if not isinstance(x, Tensor):
         raise CaptureError(f"{fn} takes a Tensor {arg}, got {type(x).__name__} (at {user_source()})")
     return x
@@ -154,7 +159,7 @@ def affine_grid_generator(theta: Tensor, size: Any, align_corners: bool) -> Tens
 
 def rsub(input: Tensor, other: Any, alpha: Any = 1) -> Tensor:  # noqa: A002
     """``torch.rsub(input, other, alpha=1)``: ``other - alpha * input``."""
-    return ops_binary.sub(other, _tensor("rsub", "input", input), alpha=alpha)
+    return ops_binary.sub(other, _tensor("rsub", "input", input, arrays=True), alpha=alpha)
 
 
 def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,  # noqa: A002
@@ -206,7 +211,7 @@ relu_, selu_, celu_, threshold_, rrelu_, dropout_, alpha_dropout_, feature_alpha
 
 def fill(input: Tensor, value: Any) -> Tensor:  # noqa: A002
     """``torch.fill(input, value)``: a new Tensor of ``input``'s shape and dtype holding ``value``."""
-    return ops_array.full_like(_tensor("fill", "input", input), value)
+    return ops_array.full_like(_tensor("fill", "input", input, arrays=True), value)
 
 
 # Tensor methods' ``_`` forms: ``t`` rebound to the result (a comparison's or logical op's bool result
@@ -353,8 +358,13 @@ def _slice(input: Tensor, dim: int = 0, start: Any = None, end: Any = None, step
     return ops.lift(input)[tuple(index)]
 
 
+def alias(input: Tensor) -> Tensor:  # noqa: A002
+    """``torch.alias``: ``input`` itself (one argument, as torch's)."""
+    return ops.lift(input)
+
+
 _COPIES = {
-    "alias_copy": ops.lift, "detach_copy": ops.detach, "diagonal_copy": ops_linalg.diagonal,
+    "alias_copy": alias, "detach_copy": ops.detach, "diagonal_copy": ops_linalg.diagonal,
     "expand_copy": _expand, "permute_copy": ops.transpose, "select_copy": ops_views.select,
     "slice_copy": _slice, "split_copy": ops_array.split, "split_with_sizes_copy": ops_reshape.split_with_sizes,
     "squeeze_copy": ops_reshape.squeeze, "t_copy": ops_views.t, "transpose_copy": ops_reshape.swapaxes,

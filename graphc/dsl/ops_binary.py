@@ -109,12 +109,17 @@ def lerp(input: Any, end: Any, weight: Any) -> Tensor:  # noqa: A002
 
 
 def float_power(input: Any, exponent: Any) -> Tensor:  # noqa: A002
-    """``input ** exponent`` in float64 (both cast first), torch's dtype whatever the inputs'.
+    """``input ** exponent`` in float64 (both cast first, numpy arrays too), torch's dtype whatever the inputs'.
     Signature: ai.onnx@15::Pow"""
-    a = cast(input, "float64") if isinstance(input, Tensor) else input
-    b = cast(exponent, "float64") if isinstance(exponent, Tensor) else exponent
-    a, b = operand_pair(a, b)
+    a, b = operand_pair(*map(_float64, (input, exponent)))
     return emit("Pow", [a, b])
+
+
+def _float64(x: Any) -> Any:
+    """A Tensor or numpy array ``x`` as a float64 Tensor; a number as it is (it takes the other's dtype)."""
+    if isinstance(x, np.ndarray):
+        return constant(x.astype(np.float64))
+    return cast(x, "float64") if isinstance(x, Tensor) else x
 
 
 def _float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:

@@ -171,7 +171,9 @@ def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, dtype: Any = No
 
 
 def _probabilities(fn: str, x: Tensor, p: Any) -> Tensor:
-    """``p`` (a number in [0, 1] or a Tensor) in the dtype ``x``'s noise is drawn in."""
+    """``p`` (a number in [0, 1], or a Tensor or numpy array) in the dtype ``x``'s noise is drawn in."""
+    if isinstance(p, np.ndarray):
+        p = lift(p)
     if isinstance(p, Tensor):
         return cast(detach(p), "float64" if p.dtype == "float64" else "float32")
     if not 0 <= p <= 1:

@@ -114,6 +114,8 @@ def isin(elements: Any, test_elements: Any, *, assume_unique: bool = False, inve
     """``torch.isin``: whether each of ``elements`` equals one of ``test_elements`` (either may be a
     number; NaN equals nothing); ``invert`` negates. Each pair is compared: memory their product.
     Signature: ai.onnx@11::Equal"""
+    if isinstance(elements, np.ndarray) and not isinstance(test_elements, Tensor):
+        elements = lift(elements)  # two arrays: as an op on numpy arrays alone
     if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
         raise CaptureError(f"isin: expected elements or test_elements to be a Tensor, got {elements!r} and "
                            f"{test_elements!r} (at {user_source()})")
