@@ -29,18 +29,19 @@ from graphc.model import node_label, node_source
 __all__ = ["LOWERINGS"]
 
 
-def _refuse(node: onnx.NodeProto, why: str) -> BackendError:
+def _refuse(node: onnx.NodeProto, why: str, kind: str = "double") -> BackendError:
     at = f" at {node_source(node)}" if node_source(node) else ""
-    return BackendError(f"onnxruntime has no double kernel for {node.op_type} and graphc writes it out only where "
+    return BackendError(f"onnxruntime has no {kind} kernel for {node.op_type} and graphc writes it out only where "
                         f"{why}: {node_label(node.name)}{at}; run it in float32 or on the numpy backend")
 
 
 def _resize(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-    dims = types.get(node.input[0], (None, None))[1]
+    dtype, dims = types.get(node.input[0], (None, None))
+    kind = "int64" if dtype == onnx.TensorProto.INT64 else "double"  # backends/integers.py writes int64 ones too
     if dims is None:
-        raise _refuse(node, f"the rank of its input {node.input[0]!r} is known")
+        raise _refuse(node, f"the rank of its input {node.input[0]!r} is known", kind)
     legacy = node.op_type == "Upsample" or w.opset < 11
     names = ["roi", "scales", "sizes"]
     given = dict(zip(["scales"] if legacy else names, node.input[1:]))
@@ -49,13 +50,13 @@ def _resize(w: Writer, node: onnx.NodeProto, types: dict) -> None:
         values["scales"] = np.asarray(attrs.pop("scales"), np.float32)
     unknown = [given[k] for k in given if given[k] and values[k] is None]
     if unknown:
-        raise _refuse(node, f"its {', '.join(repr(u) for u in unknown)} are constants")
+        raise _refuse(node, f"its {', '.join(repr(u) for u in unknown)} are constants", kind)
     shape = [1 if d is None else d for d in dims]  # a symbolic axis that is not resized keeps its size
     plans = numpy_resize.plan(shape, legacy=legacy, **values, **attrs)
     symbolic = [a for a, *_ in plans if dims[a] is None]
     if symbolic:
         raise _refuse(node, f"the resized axes of {node.input[0]!r} have static sizes (axis {symbolic[0]} of "
-                            f"shape {dims} is symbolic)")
+                            f"shape {dims} is symbolic)", kind)
     y, outside = node.input[0], None
     for axis, taken, out in plans:
         y = (w.op("Gather", y, w.const(taken, np.int64), axis=axis) if taken.ndim == 1 else

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, loop_bodies, narrow_casts, nchwc,
-                             opsets, pad_axes, pools, recurrent, scans, selects, transposes)
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, integers, loop_bodies,
+                             narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, selects, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
@@ -180,7 +180,8 @@ class _OrtBackend:
         _check_domains(model, self.name)
         model = opsets.within_reach(unique_node_names(with_body_output_shapes(model)), self.name)
         model = batchnorm.lower_training_mode(model, self.name)
-        model = scans.guard_empty(recurrent.with_full_params(doubles.lower_double(model, self.device)))
+        model = integers.lower(doubles.lower_double(model, self.device))
+        model = scans.guard_empty(recurrent.with_full_params(model))
         model = distinct_subgraph_outputs(pad_axes.without_axes(pools.explicit_pads(model)))  # the rewrites' bodies too
         model = loop_bodies.terminable(model)  # RunOptions.terminate (cancel=) reaches every Loop
         ort = _ort()

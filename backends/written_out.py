@@ -1,4 +1,4 @@
-"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``narrow_casts``,
+"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``narrow_casts``, ``integers``,
 ``doubles``, ``mvn``, ``pools``, ``scans``).
 
 ``Writer`` appends each new node to ``nodes`` (or to a list of the caller's, such as a branch's
