@@ -39,9 +39,9 @@ def test_float64_arrays_are_float32_unless_dtype_says():
 def test_other_dtypes_are_kept_and_an_explicit_dtype_casts():
     m = nn.Module()
     m.register_buffer("steps", np.arange(3))
-    m.register_buffer("half", np.ones(2, np.float16))
+    m.register_buffer("halves", np.ones(2, np.float16))  # "half" is Module.half: a KeyError, as torch
     m.register_buffer("cast", np.arange(3), dtype="float32")
-    assert {k: v.dtype.name for k, v in m.state_dict().items()} == {"steps": "int64", "half": "float16",
+    assert {k: v.dtype.name for k, v in m.state_dict().items()} == {"steps": "int64", "halves": "float16",
                                                                     "cast": "float32"}
     assert nn.Parameter(np.arange(3), dtype="float32").dtype == "float32"  # was int64: the dtype was ignored
     assert nn.Embedding(4, 2, _weight=np.ones((4, 2), np.float16)).weight.dtype == "float16"

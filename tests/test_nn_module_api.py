@@ -392,3 +392,62 @@ def test_a_pre_hook_returning_the_wrong_form_with_kwargs_is_torchs_error():
 def test_backward_hooks_are_refused_saying_why(method):
     with pytest.raises(NotImplementedError, match=f"{method}: graphc computes gradients in the graph"):
         getattr(_tree(gc.nn), method)(lambda *args: None)
+
+
+def test_repr_shows_a_child_set_to_none_in_its_place_as_torchs():
+    """``(sub): None`` where a child was set to None (or added as None), in its place: graphc left the line out."""
+    def shown(nn):
+        module = _tree(nn)
+        module.b = None
+        module.add_module("late", None)
+        module.a.fc = None
+        return repr(module)
+
+    assert shown(gc.nn) == shown(torch.nn)
+    assert "(b): None" in shown(gc.nn)
+
+
+@pytest.mark.parametrize("name", ["head", "tied", "training", "forward", "plain", "a"])
+@pytest.mark.parametrize("method", ["register_buffer", "register_parameter", "add_module"])
+def test_registering_a_name_that_holds_something_else_is_torchs_key_error(method, name):
+    """A parameter, buffer or module registered onto a name holding another kind (a child module, a plain or class
+    attribute, a method) is torch's ``KeyError: "attribute 'x' already exists"``, what it held kept (graphc replaced
+    it silently); onto its own kind, or its slot, it replaces it. Bad names are torch's errors too."""
+    def register(nn, tensor):
+        module = _tree(nn)
+        module.plain = 3
+        module.a.register_parameter("w", nn.Parameter(tensor(np.ones(2))))
+        value = {"register_buffer": tensor(np.ones(2)), "register_parameter": nn.Parameter(tensor(np.ones(2))),
+                 "add_module": nn.ReLU()}[method]
+        target = module.a if name == "a" else module
+        try:
+            getattr(target, method)("w" if name == "a" else name, value)
+            outcome = "registered"
+        except (KeyError, TypeError) as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        return outcome, list(module.state_dict()), _names(module.named_modules()), module.plain
+
+    assert register(gc.nn, np.asarray) == register(torch.nn, torch.tensor)
+
+
+@pytest.mark.parametrize("method", ["register_buffer", "register_parameter", "add_module"])
+@pytest.mark.parametrize("name", ["a.b", "", 3])
+def test_registering_a_bad_name_is_torchs_error(method, name):
+    def register(nn):
+        try:
+            getattr(nn.Module(), method)(name, None)
+        except (KeyError, TypeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "registered"
+
+    assert register(gc.nn) == register(torch.nn)
+
+
+@pytest.mark.parametrize("method, value", [("register_parameter", "array"), ("register_buffer", 3),
+                                           ("add_module", 3)])
+def test_registering_the_wrong_kind_of_value_is_torchs_type_error(method, value):
+    """A plain array as a parameter was registered as a plain attribute, silently; an int as a buffer failed inside
+    Parameter; as torch, each is a TypeError naming the name (graphc's own types in its message)."""
+    for nn, tensor in ((gc.nn, np.asarray), (torch.nn, torch.tensor)):
+        with pytest.raises(TypeError, match="'x'|Module subclass"):
+            getattr(nn.Module(), method)("x", tensor(np.ones(2)) if value == "array" else value)

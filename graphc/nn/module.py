@@ -23,7 +23,8 @@ from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
 from graphc.nn.parameter import Parameter, param_tensor
 from graphc.nn.reprs import repr_block
-from graphc.nn.slots import empty, is_tensor, register, registered, set_buffer, wrong_kind
+from graphc.nn.slots import (EXPECTED, check_name, children, empty, is_tensor, register, registered, set_buffer,
+                             wrong_kind)
 
 __all__ = ["IncompatibleKeys", "Module", "Parameter"]
 
@@ -103,7 +104,11 @@ class Module:
         """``self.<name>``: state that is not trained, in ``state_dict()`` unless not ``persistent`` (torch's
         rotary ``inv_freq``); ``value`` an array in its dtype, but float64 is float32 unless ``dtype="float64"``
         (``Parameter``'s rule), or a ``gc.Tensor`` computed here; None: the buffer's slot, empty until a tensor
-        is assigned there (``graphc.nn.slots``), as torch's."""
+        is assigned there (``graphc.nn.slots``), as torch's. A name holding something else is torch's KeyError."""
+        check_name(self, name, "buffer")
+        if value is not None and not is_tensor(value):
+            raise TypeError(f"cannot assign {type(value).__name__!r} object to buffer {name!r} ({EXPECTED['buffer']} "
+                            f"or None required)")
         if value is None:
             empty(self.__dict__, name, "buffer", persistent)
             return
@@ -128,14 +133,23 @@ class Module:
                 per_call_names.add(name)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
-        """``self.<name> = param``; None: the parameter's slot (``graphc.nn.slots``), as torch's."""
+        """``self.<name> = param``; None: the parameter's slot (``graphc.nn.slots``), as torch's. A name holding
+        something else is torch's KeyError, a ``param`` not a Parameter its TypeError."""
+        check_name(self, name, "parameter")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot assign {type(param).__name__!r} object to parameter {name!r} (gc.nn.Parameter "
+                            f"or None required)")
         if param is None:
             empty(self.__dict__, name, "parameter")
         else:
             self.__setattr__(name, param)
 
     def add_module(self, name: str, module: "Module | None") -> None:
-        """``self.<name> = module``; None: the child module's slot (``graphc.nn.slots``), as torch's."""
+        """``self.<name> = module``; None: the child module's slot (``graphc.nn.slots``), as torch's. A name holding
+        something else is torch's KeyError, a ``module`` not a Module its TypeError."""
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        check_name(self, name, "child module")
         if module is None:
             empty(self.__dict__, name, "child module")
         else:
@@ -439,9 +453,10 @@ class Module:
         """torch's: ``Name(extra)`` on one line, or the extra lines and then each ``(name): child``."""
         extra = self.extra_repr()
         lines = extra.split("\n") if extra else []
-        if len(lines) == 1 and not self._modules:
+        held = children(self.__dict__)  # a child set to None prints as (name): None, in its place
+        if len(lines) == 1 and not held:
             return f"{self._get_name()}({lines[0]})"
-        return repr_block(self._get_name(), lines + [f"({name}): {mod!r}" for name, mod in self._modules.items()])
+        return repr_block(self._get_name(), lines + [f"({name}): {mod!r}" for name, mod in held.items()])
 
 
 def _no_backward_hooks(method: str) -> NotImplementedError:

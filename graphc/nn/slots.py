@@ -2,7 +2,9 @@
 buffer replaces it in its place and persistence, and None empties a parameter's, buffer's or child module's
 slot without unregistering it (torch's ``_buffers[name] = None``): the name reads None, is left out of
 ``state_dict()`` and the traversals, and what is assigned there later registers as that kind again, in the
-same place (a buffer with the same persistence), while the wrong kind is torch's ``TypeError``."""
+same place (a buffer with the same persistence), while the wrong kind is torch's ``TypeError``. Also the names
+``register_buffer``/``register_parameter``/``add_module`` refuse (``check_name``) and the children ``repr`` prints,
+None ones included (``children``)."""
 
 from __future__ import annotations
 
@@ -87,6 +89,34 @@ def put_back(store: dict, name: str, value: Any, followers: tuple[str, ...]) -> 
             store[name] = value
         store[key] = held
     store.setdefault(name, value)
+
+
+def check_name(owner: Any, name: Any, kind: str) -> None:
+    """torch's refusals of ``name`` for ``register_buffer``/``register_parameter``/``add_module`` (a ``kind``): not a
+    str, holding ".", empty, or already naming something other than that kind (another kind's registered name, its
+    slot, a plain or class attribute, a computed weight): ``KeyError: "attribute 'x' already exists"``."""
+    word = "module" if kind == "child module" else kind
+    if not isinstance(name, str):
+        raise TypeError(f"{word} name should be a string. Got {type(name).__name__}")
+    if "." in name:
+        raise KeyError(f'{word} name can\'t contain "."' + (f", got: {name}" if word == "module" else ""))
+    if name == "":
+        raise KeyError(f'{word} name can\'t be empty string ""')
+    d = owner.__dict__
+    held_kind, _ = registered(d, name)
+    if held_kind != kind and (held_kind is not None or name in d or name in d.get("_computed", {})
+                              or hasattr(type(owner), name)):
+        raise KeyError(f"attribute '{name}' already exists")
+
+
+def children(d: dict) -> dict[str, Any]:
+    """A Module's ``__dict__`` ``d``: its child modules by name, each emptied one's slot as None in its place, as
+    torch's ``_modules`` holds them (its ``repr`` prints ``(name): None``)."""
+    out = dict(d["_modules"])
+    for name, slot in d["_slots"].items():
+        if slot.kind == "child module":
+            put_back(out, name, None, slot.followers)
+    return out
 
 
 def wrong_kind(owner: Any, name: str, kind: str, value: Any) -> TypeError:
