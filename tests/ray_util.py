@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
+import numpy as np
 import pytest
 
 import graphc as gc
@@ -32,3 +34,21 @@ def ray_cluster():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def workers_step_as_torch(arts, backend, batches, want, twin, names, want_eval=()):
+    """Two workers step ``batches`` with no DataParallelWarning (each model keeps its rows apart),
+    their losses ``want`` and then torch's ``twin``'s params ``names`` (1e-12); the first batches'
+    eval losses ``want_eval``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gc.DataParallelWarning)
+        trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
+    try:
+        np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
+        got, expected = trainer.state_dict(), twin.state_dict()
+        for name in names:
+            np.testing.assert_allclose(got[name], expected[name].numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+        evaluated = [trainer.evaluate(b)["loss"] for b in batches[:len(want_eval)]]
+        np.testing.assert_allclose(evaluated, want_eval, rtol=1e-12)
+    finally:
+        trainer.shutdown()

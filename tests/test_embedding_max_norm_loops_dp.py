@@ -7,7 +7,6 @@ process to 1e-12 in float64. A branch picked from the batch cannot be one proces
 from __future__ import annotations
 
 import copy
-import warnings
 
 import numpy as np
 import pytest
@@ -17,8 +16,10 @@ from graphc.errors import ArtifactsError
 
 torch = pytest.importorskip("torch")
 
-from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+from ray_util import ray_cluster, workers_step_as_torch  # noqa: F401 - the module's fixture
 from test_embedding_max_norm import OPTIMIZERS, ROWS, _Net, _Twin
+
+MAX_NORM_PARAMS = ("emb.weight", "fc.bias")  # the twin's params checked
 
 RNG = np.random.default_rng(0)
 STEPS = 3  # tokens per example: the loop's iterations
@@ -83,7 +84,7 @@ def test_workers_train_lookups_inside_a_loop_as_torch_on_the_whole_batch(ray_clu
         loss.backward()
         torch_opt.step()
         want.append(loss.item())
-    _workers_step_as_torch(arts, backend, batches, want, twin)
+    workers_step_as_torch(arts, backend, batches, want, twin, MAX_NORM_PARAMS)
 
 
 def test_indices_the_loop_computes_from_the_weight_are_refused():
@@ -141,7 +142,7 @@ def test_workers_train_lookups_inside_a_cond_branch_as_torch_on_the_whole_batch(
     assert 0 < sum(taken) < len(taken), taken
     with torch.no_grad():  # evaluate: the taken branch's tied layer reads both shards' rows renormalised
         want_eval = [_torch_cond_loss(copy.deepcopy(twin), b).item() for b in batches[:2]]
-    _workers_step_as_torch(arts, backend, batches, want, twin, want_eval)
+    workers_step_as_torch(arts, backend, batches, want, twin, MAX_NORM_PARAMS, want_eval)
 
 
 def _torch_cond_loss(twin, batch):
@@ -198,22 +199,3 @@ def test_the_rows_graph_keeps_a_carried_value_only_a_nested_cond_reads_through_a
     steps = [v for k, v in got.items() if k.endswith(".steps")]
     assert len(steps) == 1
     np.testing.assert_array_equal(steps[0], i.T[..., None])
-
-
-def _workers_step_as_torch(arts, backend, batches, want, twin, want_eval=()):
-    """Two workers step ``batches`` with no DataParallelWarning (the bodies keep rows apart:
-    row_subgraphs), their losses ``want`` and then the params of torch's ``twin`` (1e-12); the first
-    batches' eval losses ``want_eval``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", gc.DataParallelWarning)
-        trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
-    try:
-        np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
-        got = trainer.state_dict()
-        for name in ("emb.weight", "fc.bias"):
-            np.testing.assert_allclose(got[name], twin.state_dict()[name].numpy(), rtol=1e-12, atol=1e-15,
-                                       err_msg=name)
-        evaluated = [trainer.evaluate(b)["loss"] for b in batches[:len(want_eval)]]
-        np.testing.assert_allclose(evaluated, want_eval, rtol=1e-12)
-    finally:
-        trainer.shutdown()

@@ -19,7 +19,7 @@ from graphc.passes.values import static_shape
 
 torch = pytest.importorskip("torch")
 
-from ray_util import ray_cluster  # noqa: E402, F401 - the module's fixture
+from ray_util import ray_cluster, workers_step_as_torch  # noqa: E402, F401 - the module's fixture
 from test_row_mixing import _found, _mse  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -93,13 +93,4 @@ def test_two_workers_train_a_scripted_loop_as_torch_on_the_whole_batch(ray_clust
         loss.backward()
         opt.step()
         want.append(loss.item())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", gc.DataParallelWarning)
-        trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
-    try:
-        np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
-        got = trainer.state_dict()
-        for name, param in net.state_dict().items():
-            np.testing.assert_allclose(got[name], param.numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
-    finally:
-        trainer.shutdown()
+    workers_step_as_torch(arts, backend, batches, want, net, list(net.state_dict()))
