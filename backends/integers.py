@@ -24,8 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from graphc.backends import doubles_layers
-from graphc.backends.written_out import Lowering, Writer, replace_nodes
-from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
+from graphc.backends.written_out import Lowering, Writer, lower_written
 
 __all__ = ["MISSING", "lower"]
 
@@ -79,18 +78,5 @@ MISSING: dict[str, tuple[Callable[[onnx.NodeProto, dict], bool], Lowering]] = {
 def lower(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when no node of it (in any graph) is one ``MISSING`` finds no kernel for, else a copy with
     each such node written out (the module docstring)."""
-    if not any(node.op_type in MISSING and node.domain in ("", "ai.onnx")
-               for graph in all_graphs(model.graph) for node in graph.node):
-        return model
-    types = tensor_types(model, subgraphs=True) or {}
-    opset, constants = ai_onnx_opset(model), constant_tensors(list(all_graphs(model.graph)))
-
-    def missing(node: onnx.NodeProto) -> bool:
-        return node.op_type in MISSING and node.domain in ("", "ai.onnx") and MISSING[node.op_type][0](node, types)
-
-    def write(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        w = Writer(node, "integer", opset, constants)
-        MISSING[node.op_type][1](w, node, types)
-        return w.nodes
-
-    return replace_nodes(model, missing, write)
+    return lower_written(model, {op: writer for op, (_, writer) in MISSING.items()},
+                         lambda node, types: MISSING[node.op_type][0](node, types), "integer")

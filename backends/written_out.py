@@ -84,27 +84,34 @@ Lowering = Callable[[Writer, onnx.NodeProto, dict], None]
 
 def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
                   keep: Callable[[onnx.NodeProto], bool] | None = None) -> onnx.ModelProto:
+    """``lower_written`` of the nodes of an op in ``lowerings`` with a double first input (and not one ``keep``
+    keeps)."""
+    return lower_written(model, lowerings, lambda node, types: types.get(node.input[0], (None,))[0] ==
+                         onnx.TensorProto.DOUBLE and not (keep and keep(node)))
+
+
+def lower_written(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
+                  selected: Callable[[onnx.NodeProto, dict], bool], prefix: str | None = None) -> onnx.ModelProto:
     """``model`` itself when no node of it (in any graph: Loop and Scan bodies, If branches) is of an ai.onnx op in
-    ``lowerings`` with a double first input (and not one ``keep`` keeps), else a copy with each such node replaced by
-    what ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``); the
-    others run as they are."""
+    ``lowerings`` that ``selected(node, types)`` picks, else a copy with each such node replaced by what
+    ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``; the
+    writer's names begin with ``prefix``, else the op type); the others run as they are."""
     if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx")
                for graph in all_graphs(model.graph) for node in graph.node):
         return model
     types = tensor_types(model, subgraphs=True) or {}
 
-    def double(node: onnx.NodeProto) -> bool:
-        return node.op_type in lowerings and node.domain in ("", "ai.onnx") and \
-            types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE and not (keep and keep(node))
+    def chosen(node: onnx.NodeProto) -> bool:
+        return node.op_type in lowerings and node.domain in ("", "ai.onnx") and selected(node, types)
 
     opset, constants = ai_onnx_opset(model), constant_tensors(list(all_graphs(model.graph)))
 
     def write(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        writer = Writer(node, node.op_type.lower(), opset, constants)
+        writer = Writer(node, prefix or node.op_type.lower(), opset, constants)
         lowerings[node.op_type](writer, node, types)
         return writer.nodes
 
-    return replace_nodes(model, double, write)
+    return replace_nodes(model, chosen, write)
 
 
 def replace_nodes(model: onnx.ModelProto, selected: Callable[[onnx.NodeProto], bool],
