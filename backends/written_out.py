@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
 
-__all__ = ["Writer", "log1p", "lower_doubles", "replace_nodes"]
+__all__ = ["Writer", "log1p", "lower_doubles", "lower_written", "replace_nodes"]
 
 
 class Writer:
