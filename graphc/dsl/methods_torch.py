@@ -95,7 +95,7 @@ def _new_full(self: Tensor, size: Any, fill_value: Any, dtype: Any = None) -> Te
 
 
 # torch's legacy tensor type names (``x.type()``) by dtype
-_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
                "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor", "int16": "ShortTensor",
                "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor"}
 
@@ -135,8 +135,8 @@ def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
     """``x.type()``: torch's type name (``"torch.FloatTensor"``); ``x.type(dtype)``: ``x`` cast, the
     dtype also as such a name."""
     if dtype is None:
-        return f"torch.{_TYPE_NAMES.get(self.dtype, self.dtype)}"
-    names = {f"torch.{v}": k for k, v in _TYPE_NAMES.items()}
+        return f"torch.{TYPE_NAMES.get(self.dtype, self.dtype)}"
+    names = {f"torch.{v}": k for k, v in TYPE_NAMES.items()}
     found, device = _dtype_or_device(names.get(str(dtype), dtype))
     if device:
         raise CaptureError(f"type() takes a dtype, got the device {dtype!r} (at {user_source()})")

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from graphc.dsl.methods_torch import TYPE_NAMES
 from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import repr_block
@@ -211,7 +212,7 @@ class ParameterDict(_Dict):
         return self[key]
 
     def extra_repr(self) -> str:
-        return _entries_repr(self._parameters, lambda dtype: f"torch.{_LEGACY_TYPES.get(dtype, dtype)}Tensor")
+        return _entries_repr(self._parameters, lambda dtype: f"torch.{TYPE_NAMES.get(dtype, dtype + 'Tensor')}")
 
 
 class ParameterList(Module):
@@ -245,9 +246,6 @@ class ParameterList(Module):
 
 
 # torch's legacy tensor type names, which ParameterDict's repr shows (torch.FloatTensor)
-_LEGACY_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
-                 "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
-
 
 def _entries_repr(params: Mapping[str, Parameter], type_name: Any) -> str:
     """torch's lines for a ParameterList's or ParameterDict's entries: ``  (key): Parameter containing:
