@@ -29,6 +29,7 @@ from graphc.passes.training.loss_scaling import state_names
 from graphc.passes.training.scheduled import running_state
 from graphc.runtime.checkpoint import CheckpointError, CheckpointMeta, mismatch
 from graphc.runtime.feeds import dtype_name
+from graphc.runtime.resume_rules import trained_params
 
 __all__ = ["buffers", "check", "restart"]
 
@@ -48,7 +49,7 @@ def check(path: Any, meta: CheckpointMeta, table: Mapping[str, tuple[str, list]]
     is refused: another model's checkpoint, a param these graphs freeze that it trained, or a
     tensor of another dtype or shape, naming it. From the header alone: the tensors are not read."""
     model = set(manifest.trainable) | set(manifest.frozen)
-    saved = {n for n, r in meta.roles.items() if r == "param"} if meta.roles else set(table) & model
+    saved = trained_params(table, meta.roles, model)
     other = sorted(saved - model)
     if other:
         raise CheckpointError(f"{path}: the checkpoint has param(s) {', '.join(other)}, which this model lacks; it "

@@ -137,13 +137,19 @@ def check_state_fits(path: Any, saved: dict[str, Any], now: dict[str, Any], role
                        "model.load_state_dict and a new optimizer)")
 
 
+def trained_params(saved: Collection[str], roles: dict[str, str], model: set[str]) -> set[str]:
+    """The params a checkpoint holding tensors ``saved`` trained: those ``roles`` records as params,
+    or (a checkpoint from before roles were kept) its tensors among ``model``'s params."""
+    return {n for n in saved if roles.get(n) == "param"} if roles else set(saved) & model
+
+
 def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], trainable: Collection[str],
                     frozen: Collection[str]) -> None:
     """Refuse a checkpoint holding tensors ``saved`` (``roles``: name -> role where recorded) for
     graphs that train ``trainable`` and freeze ``frozen`` params of the same model, where the two
     runs trained other sets of them, naming the params that moved each way."""
     model = set(trainable) | set(frozen)
-    params = {n for n in saved if roles.get(n) == "param"} if roles else set(saved) & model
+    params = trained_params(saved, roles, model)
     if not params or not params <= model:  # another model's tensors: ``checkpoint.mismatch`` names them
         return
     now_frozen, now_trained = sorted(params & set(frozen)), sorted(set(trainable) - params)
