@@ -33,6 +33,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from bench_train import LR, THREADS, interleaved_times
@@ -146,19 +147,12 @@ class _DslClassifier(gc.nn.Module):
 
 def form_steppers(kind: str, hidden: int, length: int, form: str, threads: tuple[int, ...]):
     """(train_step nodes, generate s, {threads: (session build s, stepper)}) of one form."""
-    saved = {name: getattr(recurrent, name) for name in CAPS}, rules_control.MAX_SCAN_UNROLL
-    for name in CAPS:
-        setattr(recurrent, name, FORMS[form][0])
-    rules_control.MAX_SCAN_UNROLL = FORMS[form][1]
-    try:
+    with mock.patch.multiple(recurrent, **dict.fromkeys(CAPS, FORMS[form][0])), \
+            mock.patch.object(rules_control, "MAX_SCAN_UNROLL", FORMS[form][1]):
         model = gc.capture(_DslClassifier(kind, hidden), seed=0, x=gc.spec("float32", ("N", length, FEATURES)))
         t0 = time.perf_counter()
         arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(LR))
         seconds = time.perf_counter() - t0
-    finally:
-        for name, cap in saved[0].items():
-            setattr(recurrent, name, cap)
-        rules_control.MAX_SCAN_UNROLL = saved[1]
     rng = np.random.default_rng(0)
     batches = [{"x": rng.standard_normal((FORMS_BATCH, length, FEATURES)).astype(np.float32),
                 "y": rng.integers(0, CLASSES, FORMS_BATCH).astype(np.int64)} for _ in range(2)]
