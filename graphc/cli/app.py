@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from graphc.cli.help_layout import GraphcTyper
+from graphc.cli.paths import check_not_stdout
 from graphc.errors import InputError
 
 app = GraphcTyper(
@@ -30,6 +31,7 @@ app = GraphcTyper(
     pretty_exceptions_enable=False,
     add_completion=True,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # the commands' contexts inherit it
 )
 deploy_app = GraphcTyper(help="Write a model into an inference server's repository.", no_args_is_help=True,
                          rich_markup_mode=None)
@@ -40,9 +42,42 @@ err_console = Console(stderr=True)
 state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    """``--version``: ``graphc X.Y.Z`` on stdout, exit 0, before any command is looked for."""
+    if value:
+        from graphc.version import __version__
+
+        typer.echo(f"graphc {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug/--no-debug", help="Show full tracebacks on errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug/--no-debug", help="Show full tracebacks on errors."),
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print graphc's version and exit.")) -> None:
     state["debug"] = debug
+
+
+JSON_OPTION = typer.Option(False, "--json", help="Print the result as one JSON document on stdout (for scripts) "
+                           "instead of tables.")
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout, no markup or colour; a non-finite float (an inf error)
+    written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, which strict JSON parsers read."""
+    import json
+    import math
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {key: finite(v) for key, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    typer.echo(json.dumps(finite(data), indent=2, allow_nan=False))
 
 
 def output_option(help: str, metavar: str = "PATH") -> Any:
@@ -87,8 +122,10 @@ def given(ctx: typer.Context, name: str) -> bool:
 def check_writable_at(path: Path, option: str, file: Optional[str] = None, folder: bool = False) -> None:
     """Refuse up front an output ``path`` that cannot be written: one under a file (its folders
     cannot be made); where a file is written (``file``: an example name, ``model.onnx``) a folder,
-    where a ``folder`` is, a file. Found only when writing, that failed `graphc train --plot` after
-    the whole run, ``--log`` after its first epoch, and named no option."""
+    where a ``folder`` is, a file; ``-`` (``paths.check_not_stdout``). Found only when writing, that
+    failed `graphc train --plot` after the whole run, ``--log`` after its first epoch, and named no
+    option."""
+    check_not_stdout(path, option)
     if file is not None and path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file; expected a file path such as {path / file}")
     if folder and path.exists() and not path.is_dir():

@@ -31,8 +31,10 @@ def triton_cmd(
                                                "float32 model took (--no-keep-io-types: TYPE_FP16/TYPE_BF16)."),
     allow_uncalibrated: bool = allow_uncalibrated_option("Write"),
 ) -> None:
-    """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
-    (version 1, or one above the highest already there)."""
+    """Write MODEL into a Triton model repository.
+
+    Writes REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx (version 1, or one above the
+    highest already there)."""
     from graphc.passes.precision import RangeWarning
     from graphc.serving import deploy
 
@@ -74,8 +76,8 @@ def serve_cmd(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
-    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above)."),
-    max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above; default 256 MiB)."),
+    max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above; default 32 MiB)."),
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
     max_tensor_bytes: Optional[int] = typer.Option(None, "--max-tensor-bytes", help="Largest tensor a request's values may size (413 above; default 4 GiB)."),
@@ -85,9 +87,9 @@ def serve_cmd(
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
     allow_uncalibrated: bool = allow_uncalibrated_option("Serve"),
 ) -> None:
-    """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM.
+    """Serve a model or a Triton repository over HTTP (KServe v2).
 
-    A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
+    Answers the KServe v2 / Open Inference Protocol until SIGINT or SIGTERM. A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
     repository by hand) is refused at load (exit 2) unless --allow-uncalibrated."""
     from graphc.backends import get_backend
     from graphc.serving import serve as serving

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
 from graphc.cli.interrupted import wrote
+from graphc.cli.paths import user_path
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.errors import did_you_mean
 
@@ -55,9 +56,10 @@ def parse_loss(text: str, class_weights: Optional[str] = None):
 def _class_weights(text: str) -> np.ndarray:
     """``--class-weights``: ``1,2.5,0.5`` or a ``.npy`` file of one weight per class."""
     if text.endswith(".npy"):
-        if not Path(text).is_file():
+        path = user_path(text)
+        if not path.is_file():
             raise ValueError(f"--class-weights: no file {text!r}")
-        return np.load(text, allow_pickle=False)
+        return np.load(path, allow_pickle=False)
     try:
         return np.array([float(part) for part in text.split(",")])
     except ValueError:

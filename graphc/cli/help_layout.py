@@ -10,6 +10,7 @@ import typer
 from typer.core import TyperCommand
 
 from graphc.cli.interrupted import said_when_interrupted
+from graphc.cli.paths import user_paths
 
 # The word an option's value gets by the type it converts to, where the option names none.
 METAVARS = {"int": "N", "float": "X", "str": "NAME", "Path": "PATH"}
@@ -32,17 +33,19 @@ class PlainHelpCommand(TyperCommand):
                 param.metavar = METAVARS.get(param.bare_type(), "VALUE")
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        """Click's parsing; a value typer's pydantic check refused is named in the error (``Invalid
-        value for '--epochs': Input should be greater than or equal to 1 (got '0')``), which
-        typer's message leaves out."""
+        """Click's parsing, each path's ``~`` expanded (``paths.user_paths``); a value typer's
+        pydantic check refused is named in the error (``Invalid value for '--epochs': Input should
+        be greater than or equal to 1 (got '0')``), which typer's message leaves out."""
         from pydantic import ValidationError
 
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except typer.BadParameter as exc:
             if isinstance(exc.__cause__, ValidationError) and exc.__cause__.errors():
                 exc.message = f"{exc.message} (got {exc.__cause__.errors()[0]['input']!r})"
             raise
+        ctx.params = {name: user_paths(value) for name, value in ctx.params.items()}
+        return rest
 
     def invoke(self, ctx: typer.Context) -> Any:
         """The command, a Ctrl-C inside said in one line (``interrupted``)."""

@@ -12,8 +12,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, output_option, print_json
 from graphc.cli.interrupted import wrote
+from graphc.cli.paths import user_path
 from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
 from graphc.errors import GraphcError, InputError, did_you_mean
 from graphc.model import EMITTED_OPSETS
@@ -24,7 +25,7 @@ def load_object(target: str) -> Any:
     file, sep, obj_name = target.rpartition(":")
     if not sep or not file or not obj_name:
         raise ValueError(f"bad target {target!r}; expected FILE.py:OBJECT, e.g. models/cnn.py:LeNet")
-    path = Path(file)
+    path = user_path(file)
     if not path.is_file():
         raise FileNotFoundError(f"{file}: no such file")
     module_name = f"_graphc_user_{path.stem}_{abs(hash(str(path.resolve())))}"
@@ -133,19 +134,25 @@ def inspect_cmd(
                                       help="The model, training artifacts or checkpoint to describe."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE", help="Size of a dim name of the model for "
                                    "the FLOPs estimate, e.g. N=64 (repeatable; names not given count as 1)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Describe a model: inputs, outputs, ops, parameters, FLOPs.
 
     Shows the opset, the op histogram, parameter counts and bytes, and the FLOPs of MatMul,
     Gemm and Conv nodes for the dim sizes given with --dim. Training artifacts (graphc grad
     -o DIR): the loss, optimizer, batch inputs, params and graphs; a checkpoint (graphc train
-    --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts."""
+    --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts. --json: a
+    model's description as one JSON document."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
     from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
     kind = checked_kind(model_path)
     if kind is not None:
+        if as_json:
+            what = "training artifacts, whose manifest.json is JSON already" if kind == "artifacts" else "a checkpoint"
+            raise InputError(f"--json describes a model file, and {model_path} is {what}: inspect it without --json, "
+                             "or one of its .onnx graphs with --json")
         if dims:
             raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is "
                              f"{'training artifacts' if kind == 'artifacts' else 'a checkpoint'}: inspect one of its "
@@ -155,6 +162,9 @@ def inspect_cmd(
     sizes = parse_dims(dims)
     model = gc.load(model_path)
     estimate = flops_estimate(model, sizes)  # an unknown dim name fails before anything is printed
+    if as_json:
+        print_json(_model_json(model, model_path, sizes, estimate))
+        return
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
     console.print(f"[bold]{escape(model.name)}[/]  ({escape(str(model_path))})  opset: {opsets}  ir_version {model.ir_version}  "
                   f"producer: {model.ir.producer_name or '?'}", highlight=False)
@@ -181,6 +191,25 @@ def inspect_cmd(
     console.print(flops_table)
     for note in _flops_notes(estimate):
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+
+
+def _model_json(model, path: Path, sizes: dict[str, int], estimate) -> dict:
+    """What `graphc inspect MODEL.onnx` prints, as `--json` writes it (shapes as lists: a dim is a
+    number, a name or null)."""
+    from graphc.model.inspection import op_histogram, param_stats
+
+    elems, nbytes = param_stats(model)
+    hist = op_histogram(model.ir.graph)
+    specs = lambda values: [{"name": s.name, "dtype": str(s.dtype), "shape": s.shape} for s in values]  # noqa: E731
+    return {"name": model.name, "path": str(path),
+            "opsets": {domain or "ai.onnx": version for domain, version in model.ir.opset_imports.items()},
+            "ir_version": model.ir_version, "producer": model.ir.producer_name or None,
+            "inputs": specs(model.inputs), "outputs": specs(model.outputs),
+            "nodes": sum(hist.values()), "ops": dict(hist.most_common()),
+            "parameters": {"elements": elems, "bytes": nbytes, "initializers": len(model.ir.graph.initializers)},
+            "flops": {"dims": {**sizes, **{name: 1 for name in estimate.defaulted}}, "by_op": dict(sorted(estimate.by_op.items())),
+                      "total": estimate.total, "defaulted": estimate.defaulted, "independent": estimate.independent,
+                      "unknown": estimate.unknown}}
 
 
 def _flops_notes(estimate) -> list[str]:

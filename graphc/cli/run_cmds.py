@@ -12,8 +12,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, given, output_option
+from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, given, output_option, print_json
 from graphc.cli.interrupted import wrote
+from graphc.cli.paths import user_path
 from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
 from graphc.errors import UncalibratedWarning
 from graphc.fileio import atomic_write
@@ -29,7 +30,7 @@ def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
             raise ValueError(f"bad --input {item!r}; expected NAME=FILE.npy")
         if name in feeds:
             raise ValueError(f"--input {name!r} given twice; give each input once")
-        feeds[name] = load_npy(Path(file), f"--input {name}")
+        feeds[name] = load_npy(user_path(file), f"--input {name}")
     return feeds
 
 
@@ -54,10 +55,13 @@ def warn_uncalibrated(model) -> None:
 
 
 @app.command("backends")
-def backends_cmd() -> None:
+def backends_cmd(as_json: bool = JSON_OPTION) -> None:
     """List the backends and why any cannot run here."""
     import graphc as gc
 
+    if as_json:
+        print_json([info.model_dump() for info in gc.backends()])
+        return
     table = Table(title="graphc backends")
     for column in ("backend", "available", "device", "reason"):
         table.add_column(column)
@@ -148,8 +152,12 @@ def parity_cmd(
     atol: Optional[float] = typer.Option(None, "--atol",
                                          help="Absolute tolerance, finite and >= 0 (default: by dtype)."),
     bisect: bool = typer.Option(False, "--bisect", help="Find the first node whose output diverges."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
-    """Compare MODEL's outputs across backends; exit 1 on a mismatch."""
+    """Compare MODEL's outputs across backends; exit 1 on a mismatch.
+
+    --json prints the report (gc.parity.compare's ParityReport) as one JSON document, its exit
+    status the same."""
     from graphc.model import load
     from graphc.runtime import parity
     from graphc.runtime.feeds import random_feeds, required_specs
@@ -169,6 +177,11 @@ def parity_cmd(
         feeds = random_feeds(specs, sizes, seed)
     names = [b.strip() for b in backends.split(",") if b.strip()]
     report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
+    if as_json:
+        print_json(report.model_dump())
+        if not report.ok:
+            raise typer.Exit(1)
+        return
     console.print(parity_table(names, report))
     for d in report.details:
         if not d.ok and d.note:
