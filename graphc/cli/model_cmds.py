@@ -200,7 +200,10 @@ def _model_json(model, path: Path, sizes: dict[str, int], estimate) -> dict:
 
     elems, nbytes = param_stats(model)
     hist = op_histogram(model.ir.graph)
-    specs = lambda values: [{"name": s.name, "dtype": str(s.dtype), "shape": s.shape} for s in values]  # noqa: E731
+
+    def specs(values: list) -> list[dict]:
+        return [{"name": s.name, "dtype": str(s.dtype), "shape": s.shape} for s in values]
+
     return {"name": model.name, "path": str(path),
             "opsets": {domain or "ai.onnx": version for domain, version in model.ir.opset_imports.items()},
             "ir_version": model.ir_version, "producer": model.ir.producer_name or None,
