@@ -20,6 +20,7 @@ from graphc.startup import quiet_interrupts as _quiet_interrupts
 _quiet_interrupts()  # the graphc command: Ctrl-C while it imports exits 130 quietly
 
 from graphc.model.dtypes import (
+    TORCH_NAMES as _TORCH_NAMES,
     TensorSpec,
     bfloat16,
     bool_,
@@ -27,6 +28,7 @@ from graphc.model.dtypes import (
     float32,
     float64,
     int8,
+    int16,
     int32,
     int64,
     spec,
@@ -251,6 +253,8 @@ def __getattr__(name: str):
     if name == "backends":
         # `gc.backends()` lists backends; the sub-package `graphc.backends` is callable for it.
         return importlib.import_module("graphc.backends")
+    if name in _TORCH_NAMES:
+        return _TORCH_NAMES[name]
     if name not in _LAZY:
         raise AttributeError(f"module 'graphc' has no attribute {name!r}")
     module_name, attr = _LAZY[name]
@@ -267,9 +271,9 @@ __all__ = [
     "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError",
     "GraphcError", "InputError",
     "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PerformanceWarning",
-    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
+    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_TORCH_NAMES))

@@ -132,3 +132,45 @@ def test_an_op_on_numpy_arrays_alone_has_one_dtype_rule_inside_and_outside_a_cap
             inside = list(gc.Session(model, backend=backend).run({"x": x}).values())[1]
             assert inside.dtype == outside.dtype, (name, backend)
             np.testing.assert_array_equal(inside, outside, err_msg=f"{name} {backend}")
+
+
+def test_torch_dtype_names_are_graphc_attributes():
+    """``dtype=torch.bool`` / ``torch.long`` / ``torch.float`` ... port as ``gc.bool`` etc.; ``from graphc import *``
+    leaves the builtins ``bool``, ``float`` and ``int`` alone."""
+    torch = pytest.importorskip("torch")
+    for name in ("bool", "float", "double", "half", "long", "int", "short", "int16"):
+        want = torch.ones(2, dtype=getattr(torch, name)).numpy().dtype
+        assert np.asarray(gc.ones(2, dtype=getattr(gc, name))).dtype == want, name
+        assert name in dir(gc), name
+    x = RNG.standard_normal((3, 3))
+    model = gc.capture(lambda x: x.masked_fill(~gc.tril(gc.ones(3, 3, dtype=gc.bool)), 0.0), x=x)
+    np.testing.assert_array_equal(gc.Session(model).run({"x": x})["output"], np.tril(x))
+    namespace: dict = {}
+    exec("from graphc import *", namespace)  # noqa: S102 - a star import's names
+    assert not {"bool", "float", "int", "long"} & set(namespace)
+
+
+def _written_in_init(M, nn_):
+    """What torch code writes into parameters in ``__init__`` (Mamba's ``dt_proj.bias``), under ``no_grad``."""
+    lin = nn_.Linear(2, 4)
+    dt = M.exp(M.arange(4, dtype=M.float32) * 0.5 - 3.0)
+    with M.no_grad():
+        out = lin.bias.copy_(dt + M.log(-M.expm1(-dt)))
+        lin.weight.fill_(0.25)
+        lin.weight.copy_(M.arange(2, dtype=M.float32))  # broadcast over the rows, as torch's
+    return lin, out
+
+
+def test_parameter_writes_in_init_match_torch():
+    torch = pytest.importorskip("torch")
+    (theirs, returned), (ours, out) = _written_in_init(torch, torch.nn), _written_in_init(gc, nn)
+    assert returned is theirs.bias and out is ours.bias  # copy_ returns self
+    want, got = theirs.state_dict(), ours.state_dict()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value.numpy(), rtol=1e-6, err_msg=key)
+    lin = nn.Linear(2, 4)
+    lin.bias.zero_()
+    assert not lin.state_dict()["bias"].any()
+    with pytest.raises(gc.CaptureError, match=r"bias.copy_: expected a value that broadcasts to \[4\], got shape \[3\]"):
+        lin.bias.copy_(np.ones(3))

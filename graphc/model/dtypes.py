@@ -62,8 +62,12 @@ class DType(str):
 
 
 float32, float16, bfloat16, float64 = (DType(n) for n in ("float32", "float16", "bfloat16", "float64"))
-int64, int32, int8, uint8 = (DType(n) for n in ("int64", "int32", "int8", "uint8"))
+int64, int32, int16, int8, uint8 = (DType(n) for n in ("int64", "int32", "int16", "int8", "uint8"))
 bool_ = DType("bool")
+# torch's other names for these dtypes (``torch.bool``, ``torch.long``, ...): ``gc.bool`` etc., attributes of the
+# graphc module only (not in its ``__all__``: a star import would hide the builtins bool, float and int)
+TORCH_NAMES = {"bool": bool_, "float": float32, "double": float64, "half": float16, "long": int64, "int": int32,
+               "short": int16, "int16": int16}
 
 DTypeLike = Union[str, np.dtype, type, int]
 

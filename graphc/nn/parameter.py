@@ -58,6 +58,26 @@ class Parameter:
         self._data = arr.astype(to_numpy(self.dtype))
         self.user_set = True
 
+    def copy_(self, src: Any) -> "Parameter":
+        """``torch.Tensor.copy_`` in ``__init__`` (``with torch.no_grad(): self.dt_proj.bias.copy_(inv_dt)``): the
+        value becomes ``src`` (a number, array or ``gc.Tensor`` computed outside a capture) broadcast to the
+        shape and cast to the dtype; returns self, as torch's."""
+        value = np.asarray(src)
+        try:
+            self.data = np.broadcast_to(value, self.shape)
+        except ValueError:
+            raise CaptureError(f"{self.qualname or 'Parameter'}.copy_: expected a value that broadcasts to "
+                               f"{list(self.shape)}, got shape {list(value.shape)}") from None
+        return self
+
+    def fill_(self, value: Any) -> "Parameter":
+        """``torch.Tensor.fill_`` in ``__init__``: every entry ``value``; returns self."""
+        return self.copy_(value)
+
+    def zero_(self) -> "Parameter":
+        """``torch.Tensor.zero_`` in ``__init__``: every entry 0; returns self."""
+        return self.copy_(0)
+
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
         """Set ``requires_grad`` (False: frozen, read through ``gc.detach``); returns self, as torch's."""
         self.requires_grad = bool(requires_grad)
