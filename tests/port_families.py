@@ -1,6 +1,6 @@
 """Five model families written as their torch code commonly is (a diffusion U-Net, a Conformer block, a top-k
 mixture of experts, a ConvNeXt stage, a DETR head), each ported to graphc by its imports alone: ``port``
-makes ``import torch`` / ``torch.nn`` / ``torch.nn.functional`` graphc's (tests/test_port_model_families.py)."""
+makes ``import torch`` / ``torch.nn`` / ``torch.nn.functional`` (and ``from torch.nn.X import``) graphc's (tests/test_port_model_families.py)."""
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -9,6 +9,7 @@ def port(source: str) -> str:
     """``source`` with graphc's torch-like modules imported under torch's names; nothing else changes."""
     return (source.replace("import torch.nn.functional as F", "import graphc.nn.functional as F")
             .replace("import torch.nn as nn", "import graphc.nn as nn")
+            .replace("from torch.nn.", "from graphc.nn.")
             .replace("import torch\n", "import graphc as torch\n"))
 
 

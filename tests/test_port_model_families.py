@@ -1,4 +1,5 @@
-"""Five model families ported from their torch code by the imports alone (tests/port_families.py): each runs as
+"""Ten model families ported from their torch code by the imports alone (tests/port_families.py,
+tests/port_families_more.py): each runs as
 torch's at the same weights (state_dict names), float64, on the numpy backend and ort-cpu: forward values and
 the gradients of every parameter (``gc.grad``) within 1e-12; and the torch idioms they needed, one by one."""
 
@@ -12,10 +13,14 @@ from graphc import nn
 
 try:
     import port_families as families
+    import port_families_more as more
 except ImportError:  # tests/ collected as a package
     from tests import port_families as families
+    from tests import port_families_more as more
 
 RNG = np.random.default_rng(0)
+# a 6-node graph's [2, E] edges (source row, destination row): node 1 and 4 receive two, node 2 one from each side
+EDGES = np.array([[0, 1, 2, 3, 4, 5, 0, 2, 4, 1], [1, 2, 3, 4, 5, 0, 3, 5, 1, 4]], np.int64)
 
 
 def _load(source: str) -> dict:
@@ -56,6 +61,12 @@ CASES = {
     "moe": (families.MOE, lambda: {"x": RNG.standard_normal((2, 5, 8))}),
     "convnext": (families.CONVNEXT, lambda: {"x": RNG.standard_normal((2, 4, 8, 8))}),
     "detr": (families.DETR, lambda: {"memory": RNG.standard_normal((6, 2, 16)), "targets": RNG.random((2, 3, 4))}),
+    "mamba": (more.MAMBA, lambda: {"x": RNG.standard_normal((2, 6, 8))}),
+    "gnn": (more.GNN, lambda: {"x": RNG.standard_normal((6, 5)), "edge_index": EDGES}),
+    "wavenet": (more.WAVENET, lambda: {"x": RNG.standard_normal((2, 1, 20))}),
+    "swin": (more.SWIN, lambda: {"x": RNG.standard_normal((2, 16, 8))}),
+    "seq2seq": (more.SEQ2SEQ, lambda: {"src": np.array([[3, 4, 5, 6, 7], [8, 9, 2, 0, 0]]), "src_lengths": np.array([5, 3]),
+                                       "tgt": np.array([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])}),
 }
 
 
@@ -73,7 +84,9 @@ def test_ported_family_matches_torch(name, training):
     want, aux = want if isinstance(want, tuple) else (want, 0.0)
     g = RNG.standard_normal(tuple(want.shape))
     ((want * torch.tensor(g)).sum() + 0.5 * aux).backward()
-    grads = {f"net.{k}_grad": p.grad.numpy() for k, p in theirs.named_parameters()}
+    # torch's None: a parameter the output does not reach (WaveNet's last residual conv), graphc's zeros
+    grads = {f"net.{k}_grad": np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy()
+             for k, p in theirs.named_parameters()}
     model = gc.grad(gc.capture(_Loss(ours).train(training), g=g, **inputs), "loss")
     for backend in ("numpy", "ort-cpu"):
         got = gc.Session(model, backend=backend).run({"g": g, **inputs})
