@@ -444,7 +444,28 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     (onnxruntime's CPU Concat and Split run on one thread, so at 2 threads their share grows);
     the chain here 10.9. With each param of 2**16 elements or more a group of its own
     (``flat.ALONE_ELEMENTS``) 12.1 ms, Concat and Split 0.26, the rest 52 Reshapes (views, no
-    copy; 0.2-0.3 ms) and 26 groups' nodes against this chain's 11 groups."""
+    copy; 0.2-0.3 ms) and 26 groups' nodes against this chain's 11 groups.
+
+    What the rest is (``profile_step.py --update``, 1 thread, 64 px, per-node medians of 10-20
+    runs; CPU times of 15 runs): at 1 thread it is the buffers' size, not the graph. ResNet-18 at
+    batch 32: update 32.4 of 233 ms (13.9 %), of it the 175 chain nodes 31.7 ms (98 %), the
+    Reshapes, Concats, Splits and scalars 0.63; the chain nodes take 1.03x their time in the
+    same update run alone (same groups), so a gradient just written is no cheaper to read than
+    one written long before. Each group's chain already runs right after its gradient (onnxruntime
+    orders them so: nodes 425-436 of 1,530 for a 512x512x3x3 weight), but for ``param * shrink``,
+    which reads only inputs and runs a group earlier (its Sub 1.17x slower than alone, 0.5 ms;
+    moved next to the Sub in the node list, onnxruntime runs it where it did). The chain costs
+    0.19-0.20 ns per element and pass in groups of up to 2**19 elements and 0.22-0.35 ns in the
+    four 2.36 M-element weights (9.4 MB per buffer, past the 2 MB L2): CPU time of the floor here
+    25.1 ms, of the same chain in 2**21-element chunks 30.9, of the update alone 30.5. Such a
+    weight's chain in cache-sized pieces without copies (a Scan over its gradient, state and
+    param reshaped to [k, n/k], the chain its body) measured 1.06x / 1.03x / 1.00x the plain
+    chain for k = 4 / 9 / 18 (0.98x / 0.97x for 9 / 18 from flushed caches); with copies (Split
+    and Concat) 1.04x the step (``flat.CHUNK_ELEMENTS``). GPT at batch 2: update 13.2 of 101 ms
+    (13.1 %), chain 12.5 ms, Reshapes 0.35, Concats and Splits 0.27, scalars 0.10; CPU time of
+    the floor 12.6 ms, of the update alone 12.9: at 1 thread within 2 % of the floor. Not
+    measured: the 2-thread share (bench_zoo's 19.0 % against a floor of 13.8), on a 2-core
+    machine at load 6-12 where 2-thread steps took 3.5x their 1-thread time."""
     import onnx_ir as ir
 
     from graphc.passes.training import artifacts, flat
@@ -462,6 +483,24 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     kernels, _ = profiled_runs(proto, lambda name: values[name], [o.name for o in proto.graph.output],
                                directory, runs, warmup)
     return kernel_ms(kernels, runs - warmup)
+
+
+def update_kernels(arts, directory: Path, runs: int, warmup: int = 2) -> list[dict]:
+    """The kernel events of an onnxruntime profile of the train_step's update as a graph of its
+    own (``gc.training.update_model``: the same groups, views, Concats and Splits) over ``runs``
+    runs, the first ``warmup`` left out: the params and state as the artifacts hold them,
+    gradients of 1e-3 random normals."""
+    from graphc.compile.training import update_model
+
+    proto = update_model(arts.manifest).proto
+    state, rng = arts.manifest.pack(arts.state), np.random.default_rng(0)
+
+    def feed(name: str) -> np.ndarray:
+        if name.endswith("_grad"):
+            return (rng.standard_normal(arts.state[name[:-5]].shape) * 1e-3).astype(arts.state[name[:-5]].dtype)
+        return arts.state[name] if name in arts.state else state[name]
+
+    return profiled_runs(proto, feed, [o.name for o in proto.graph.output], directory, runs, warmup)[0]
 
 
 def fused_update_ms(model: nn.Module, steps: int = 10) -> float:

@@ -1,10 +1,11 @@
 """Where a zoo model's train_step spends its kernel time on onnxruntime CPU (or CUDA).
 
     .venv/bin/python scripts/profile_step.py efficientnet_b0 [--batch 32] [--image-size 64]
-        [--runs 5] [--top 15] [--nodes 0] [--torch] [--device cpu|cuda] [--cuda-graph]
+        [--runs 5] [--top 15] [--nodes 0] [--torch] [--update] [--threads 2] [--device cpu|cuda]
+        [--cuda-graph]
 
 Exports the model as ``scripts/bench_zoo.py`` does (torch.onnx, training mode), generates AdamW
-artifacts and profiles ``--runs`` steps of the train_step at 2 threads (the first two, which
+artifacts and profiles ``--runs`` steps of the train_step at ``--threads`` (2) threads (the first two, which
 allocate, left out). Kernel time is charged to the forward op a node serves: a gradient node
 (named ``<forward node>/grad/...``) to its forward node's op type, the written-out training
 BatchNorm (``bn/...``) to BatchNormalization, the update (``optim/...``) to the optimizer. It
@@ -12,7 +13,12 @@ prints the share per (forward op, phase) and the slowest op types inside each ph
 lowering can be chosen where the time is, then the time per kernel op type and what the matrix
 products and convolutions take together. ``--torch`` also profiles PyTorch eager's step of the
 same module (``torch.profiler``, self time per aten op) and what its matrix products, convolutions
-and fused attention take: a floor for graphc's step where those dominate. Needs torch.
+and fused attention take: a floor for graphc's step where those dominate. ``--update`` splits
+the optimizer update's kernel time by what its nodes do (``update_classes``): the full-size
+elementwise chain (with its cost per element and pass in buffers below and from
+``flat.CHUNK_ELEMENTS`` on), the views, Concats and Splits of the flat groups, the per-step
+scalars; then the same update profiled as a graph of its own (``update_model``, same groups:
+gradients written long before it runs, not just produced). Needs torch.
 
 ``--device cuda`` generates the artifacts for CUDA (``generate(..., device="cuda")``) and trains
 them on ort-cuda under ``torch.profiler`` (CUPTI sees every kernel of the process, onnxruntime's
@@ -81,6 +87,44 @@ def charge(events: list[dict], forward_ops: dict[str, str]) -> dict[tuple[str, s
     return table
 
 
+def update_classes(events: list[dict], runs: int) -> dict[str, list[float]]:
+    """The ``optim/...`` kernel events of ``runs`` runs by class: "chain" (an elementwise node over
+    a full-size buffer), "scalar" (a result of one element: bias corrections, the step counter),
+    else "flat <op>" / "other <op>" (the flat groups' views, Concats and Splits); each class's
+    [ms per run, nodes, element-passes per run under / from ``flat.CHUNK_ELEMENTS``, their ms per
+    run] (elements counted in 4-byte words: float32's)."""
+    from graphc.passes.training import flat
+
+    table: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0, 0, 0.0, 0.0])
+    for e in events:
+        name = e["name"].removesuffix("_kernel_time")
+        if not name.startswith("optim/"):
+            continue
+        op, elements = e["args"]["op_name"], int(e["args"].get("output_size", 0)) // 4
+        kind = ("scalar" if elements <= 2 else "chain" if op in ("Add", "Sub", "Mul", "Div", "Sqrt")
+                else f"{'flat' if 'optim/flat/' in name else 'other'} {op}")
+        row, big = table[kind], elements >= flat.CHUNK_ELEMENTS
+        row[0] += e["dur"] / 1e3 / runs
+        row[1] += 1 / runs
+        row[2 + big] += elements / runs
+        row[4 + big] += e["dur"] / 1e3 / runs
+    return dict(table)
+
+
+def print_update(events: list[dict], runs: int, alone: list[dict], alone_runs: int) -> None:
+    """Print ``update_classes`` of the train_step's ``events`` beside those of the update alone."""
+    step, by_itself = update_classes(events, runs), update_classes(alone, alone_runs)
+    print(f"update: {sum(r[0] for r in step.values()):.2f} ms of kernel time in the step, "
+          f"{sum(r[0] for r in by_itself.values()):.2f} ms alone (same groups)")
+    for kind, row in sorted(step.items(), key=lambda kv: -kv[1][0]):
+        other = by_itself.get(kind, [0.0] * 6)
+        rates = "".join(f", {label} {1e6 * ms / n:.3f} ns per element and pass (alone {1e6 * o_ms / o_n:.3f})"
+                        for label, n, ms, o_n, o_ms in (("small", row[2], row[4], other[2], other[4]),
+                                                        ("large", row[3], row[5], other[3], other[5]))
+                        if kind == "chain" and n and o_n)
+        print(f"  {kind:<14} {row[1]:5.0f} nodes {row[0]:8.2f} ms (alone {other[0]:.2f}){rates}")
+
+
 def profiled(step, runs: int, device: str = "cpu"):
     """(torch.profiler's record, wall ms per step) of ``runs`` calls of ``step(i)`` after two:
     the CPU's ops, or on ``"cuda"`` the GPU's kernels (CUPTI), the device synchronized around,
@@ -138,12 +182,15 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--nodes", type=int, default=0, help="also list the N slowest nodes")
     p.add_argument("--torch", action="store_true", help="also profile PyTorch eager's step by aten op")
+    p.add_argument("--update", action="store_true", help="also split the optimizer update's time by node class")
+    p.add_argument("--threads", type=int, default=zoo.THREADS, help="onnxruntime's threads on the CPU")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: GPU kernel times of graphc on ort-cuda and of PyTorch eager on the GPU")
     p.add_argument("--cuda-graph", action="store_true", help="with --device cuda: graphc replays CUDA graphs")
     args = p.parse_args()
     if args.cuda_graph and args.device != "cuda":
         p.error("--cuda-graph needs --device cuda")
+    zoo.THREADS = args.threads  # the profiled sessions' (``profiled_runs``)
     zoo.torch.manual_seed(0)
     arch = zoo.ZOO[args.model]
     batch = zoo.make_batch(arch, args.batch, args.image_size)
@@ -166,6 +213,8 @@ def main() -> None:
         events, walls = zoo.profile_kernels(arts, batch, tmp, args.runs + 2)
         print(f"wall per run: {statistics.median(walls) * 1e3:.1f} ms (profiling on)")
         table = charge(events, forward_ops)
+        if args.update:
+            print_update(events, args.runs, zoo.update_kernels(arts, tmp, args.runs + 2), args.runs)
     total = sum(sum(c.values()) for c in table.values())
     print(f"{args.model} batch {args.batch}, {args.image_size} px: {total / args.runs / 1e3:.1f} ms of kernel "
           f"time per step")
