@@ -460,7 +460,7 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     25.1 ms, of the same chain in 2**21-element chunks 30.9, of the update alone 30.5. Such a
     weight's chain in cache-sized pieces without copies (a Scan over its gradient, state and
     param reshaped to [k, n/k], the chain its body) measured 1.06x / 1.03x / 1.00x the plain
-    chain for k = 4 / 9 / 18 (0.98x / 0.97x for 9 / 18 from flushed caches); with copies (Split
+    chain for k = 4 / 9 / 18 (from flushed caches 0.98x and 1.03x in two runs for 9, 0.97x for 18); with copies (Split
     and Concat) 1.04x the step (``flat.CHUNK_ELEMENTS``). GPT at batch 2: update 13.2 of 101 ms
     (13.1 %), chain 12.5 ms, Reshapes 0.35, Concats and Splits 0.27, scalars 0.10; CPU time of
     the floor 12.6 ms, of the update alone 12.9: at 1 thread within 2 % of the floor. Not
