@@ -1,4 +1,7 @@
-"""The exceptions graphc raises. Each names the thing at fault and, where known, the source line."""
+"""The exceptions graphc raises. Each names the thing at fault and, where known, the source line; the
+helpers their messages share (``first_few``, ``did_you_mean``)."""
+
+from collections.abc import Sequence
 
 
 class GraphcError(Exception):
@@ -95,6 +98,14 @@ class UncalibratedWarning(UserWarning):
     """A fake quantization will quantize with its initial scale 1.0 and zero point 0: a ``gc.nn.FakeQuantize``
     captured in eval mode before its observer saw any data, so no graph of the capture ever runs it."""
 
+
+
+def first_few(names: Sequence[str], shown: int = 3, sep: str = ", ", more: str = " and {} more") -> str:
+    """The first ``shown`` of ``names`` joined by ``sep``, then ``more`` with the count of the others
+    (``a, b, c and 4 more``; a ``more`` such as ``", ..."`` leaves the count out); all of them when no
+    more than ``shown``. A message's list of what is at fault."""
+    left = len(names) - shown
+    return sep.join(names[:shown]) + (more.format(left) if left > 0 else "")
 
 
 def did_you_mean(given: object, choices) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.errors import did_you_mean
+from graphc.errors import did_you_mean, first_few
 
 from cli_util import one_line_error, run_cli, workspace
 
@@ -54,6 +54,14 @@ def test_did_you_mean_suggests_only_near_misses():
     assert did_you_mean("foo", choices) == did_you_mean("tensorflow", choices) == did_you_mean(3, choices) == ""
     assert did_you_mean("Nett", ["net", "Net"]) == " (did you mean 'Net'?)"  # the same case first
     assert did_you_mean("adma", ["adam", "adamax"]) == " (did you mean 'adam'?)"  # not difflib's 'adamax'
+
+
+def test_first_few_lists_the_first_names_then_counts_the_others():
+    names = [f"n{i}" for i in range(7)]
+    assert first_few(names) == "n0, n1, n2 and 4 more"
+    assert first_few(names[:3]) == "n0, n1, n2" and first_few([]) == ""
+    assert first_few(names, 5, "; ", "; ...") == "n0; n1; n2; n3; n4; ..."
+    assert first_few(names, 6, more=" (and {} more nodes)") == "n0, n1, n2, n3, n4, n5 (and 1 more nodes)"
 
 
 @pytest.mark.parametrize("args, said", [

@@ -168,6 +168,18 @@ def test_a_graph_that_draws_random_numbers_is_refused():
         GraphedStep(FakeCuda(), model, ir.serde.deserialize_graph(model.graph), ["x"], {})
 
 
+def test_the_refusal_names_five_random_nodes_and_counts_the_others():
+    nodes = [oh.make_node("RandomUniformLike", ["x"], [f"y{i}"], name=f"noise{i}") for i in range(7)]
+    graph = ir.serde.deserialize_graph(oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", F, [2])], []))
+
+    class FakeCuda:
+        name, device = "ort-cuda", "cuda"
+
+    with pytest.raises(BackendError, match=r"itself \(noise0 \(RandomUniformLike\), noise1 .*, noise4 "
+                                           r"\(RandomUniformLike\) and 2 more\); "):
+        GraphedStep(FakeCuda(), onnx.ModelProto(), graph, ["x"], {})
+
+
 @pytest.mark.parametrize("backend", ["ort-cpu", "numpy"])
 def test_cuda_graph_needs_the_cuda_provider(backend):
     with pytest.raises(ValueError, match=f"cuda_graph needs the CUDA provider .*not '{backend}'"):

@@ -14,7 +14,7 @@ from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.compile.losses import KINDS as LOSS_KINDS
-from graphc.errors import did_you_mean
+from graphc.errors import did_you_mean, first_few
 
 
 def _optimizer_specs() -> dict:
@@ -289,6 +289,6 @@ def _norm_type(text: Optional[str]) -> Optional[float | str]:
         raise ValueError(f"--grad-norm-type must be 2, 1 or inf, got {text!r}") from None
 
 
-def _listing(items: list[str], shown: int = 12) -> str:
-    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more; manifest.json lists all)"
-                                       if len(items) > shown else "")
+def _listing(items: list[str]) -> str:
+    """The first 12 of ``items``, then how many more the manifest lists."""
+    return first_few(items, 12, more=", ... ({} more; manifest.json lists all)")

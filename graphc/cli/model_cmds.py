@@ -16,7 +16,7 @@ from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, 
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
-from graphc.errors import GraphcError, InputError, did_you_mean
+from graphc.errors import GraphcError, InputError, did_you_mean, first_few
 from graphc.model import EMITTED_OPSETS
 
 
@@ -223,7 +223,6 @@ def _flops_notes(estimate) -> list[str]:
         notes.append(f"the FLOPs estimate does not depend on {', '.join(estimate.independent)}: "
                      "no counted node's shape follows it")
     if estimate.unknown:
-        shown = ", ".join(estimate.unknown[:5]) + (", ..." if len(estimate.unknown) > 5 else "")
         notes.append(f"{len(estimate.unknown)} MatMul/Gemm/Conv node(s) with shapes shape inference cannot "
-                     f"tell are not counted: {shown}")
+                     f"tell are not counted: {first_few(estimate.unknown, 5, more=', ...')}")
     return notes

@@ -13,22 +13,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["FAKE_QUANTIZERS_KEY", "never_calibrated", "never_observed", "first_few", "uncalibrated", "without_record"]
+from graphc.errors import first_few
+
+__all__ = ["FAKE_QUANTIZERS_KEY", "never_calibrated", "never_observed", "uncalibrated", "without_record"]
 
 FAKE_QUANTIZERS_KEY = "graphc.fake_quantizers"
-SHOWN = 3  # names listed in a message before "and N more"
 
 
 def never_observed(min_val: np.ndarray, max_val: np.ndarray) -> bool:
     """Whether an observer's statistics are still their initial ``inf``/``-inf`` (torch's test before it
     warns "must run observer before calling calculate_qparams"), every channel of a per-channel one."""
     return bool(np.all(np.asarray(min_val) == np.inf) and np.all(np.asarray(max_val) == -np.inf))
-
-
-def first_few(names: Sequence[str]) -> str:
-    """``a, b, c and 4 more`` (``SHOWN`` names, then the count of the others)."""
-    shown = ", ".join(names[:SHOWN])
-    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
 def never_calibrated(names: Sequence[str]) -> str:

@@ -19,8 +19,8 @@ from graphc.dsl.ops_fake_quantize import (
     fake_quantize_per_tensor_affine,
 )
 from graphc.dsl.tensor import Tensor
-from graphc.errors import CaptureError, UncalibratedWarning
-from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, first_few, never_observed
+from graphc.errors import CaptureError, UncalibratedWarning, first_few
+from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, never_observed
 from graphc.nn.module import Module, Parameter
 
 # torch's default ranges (quant_min, quant_max), and with reduce_range

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import BackendError
+from graphc.errors import BackendError, first_few
 from graphc.model.file import tensor_types
 from graphc.passes.values import draws_random
 
@@ -171,7 +171,7 @@ class GraphedStep:
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {backend.name!r}")
         drawn = [f"{n.name or '?'} ({n.op_type})" for n in random_nodes(source)]
         if drawn:
-            raise BackendError(f"cuda_graph: the train_step draws random numbers itself ({', '.join(drawn[:5])}); "
+            raise BackendError(f"cuda_graph: the train_step draws random numbers itself ({first_few(drawn, 5)}); "
                                "a replayed CUDA graph would draw the same numbers every step. Train without "
                                "cuda_graph, or feed the randomness as inputs (graphc's Dropout does)")
         self._backend, self._model, self._options = backend, model, dict(options)
@@ -225,8 +225,7 @@ class GraphedStep:
         except BackendError:
             return ""
         cpu = sorted(name for name, provider in placement.items() if provider == "CPUExecutionProvider")
-        more = f", and {len(cpu) - 8} more" if len(cpu) > 8 else ""
-        return f" (nodes onnxruntime runs on the CPU: {', '.join(cpu[:8])}{more})" if cpu else ""
+        return f" (nodes onnxruntime runs on the CPU: {first_few(cpu, 8, more=', and {} more')})" if cpu else ""
 
     def _capture(self, bound: Mapping[str, Any], names: list[str], targets: Mapping[str, Any], graph_id: int) -> None:
         """Have onnxruntime capture ``graph_id``. Its first run of a graph id runs the model again

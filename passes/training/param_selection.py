@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import onnx_ir as ir
 
-from graphc.errors import PassError
+from graphc.errors import PassError, first_few
 from graphc.passes.autodiff.core import node_inputs
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.training import guarded_params, imports
@@ -139,7 +139,7 @@ def matching(patterns: Iterable[str], candidates: Sequence[str], option: str,
     picked = {pat: [n for n in candidates if _selects(n, pat, sources)] for pat in patterns}
     unknown = [pat for pat, names in picked.items() if not names]
     if unknown:
-        shown = ", ".join(_label(n, sources, folds) for n in candidates[:12]) + (", ..." if len(candidates) > 12 else "")
+        shown = first_few([_label(n, sources, folds) for n in candidates], 12, more=", ...")
         held = [f"{pat!r} names a parameter folded into {n!r} ({fold}): name that tensor to select it"
                 for pat in unknown for n, fold in folds.items() if any(_named(p, pat) for p in fold.params)]
         raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}"
@@ -162,6 +162,6 @@ def decays(params: Sequence[str], no_decay: Sequence[str], sources: Mapping[str,
     picked = {pat: [p for p in params if _selects(p, pat, sources)] for pat in no_decay}
     unmatched = [pat for pat, names in picked.items() if not names]
     if unmatched:
-        shown = ", ".join(_label(p, sources) for p in params[:8]) + (", ..." if len(params) > 8 else "")
-        raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
+        raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param "
+                        f"(params: {first_few([_label(p, sources) for p in params], 8, more=', ...')})")
     return {p: not any(p in names for names in picked.values()) for p in params}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Collection
 
-from graphc.errors import DataParallelWarning
+from graphc.errors import DataParallelWarning, first_few
 from graphc.model import node_source
 from graphc.passes.training.row_mixing import Mixing, mixing_nodes
 
@@ -27,10 +27,9 @@ def warn_mixed_rows(eval_model, manifest, rows: Collection[str], workers: int) -
     batched = {e.name: 0 for e in manifest.graphs["eval"].inputs if e.name in rows}
     found = mixing_nodes(eval_model.ir.graph, batched, output)
     if found:
-        named = "; ".join(_describe(m) for m in found[:SHOWN])
-        more = f" (and {len(found) - SHOWN} more nodes)" if len(found) > SHOWN else ""
+        named = first_few([_describe(m) for m in found], SHOWN, "; ", " (and {} more nodes)")
         warnings.warn(DataParallelWarning(
-            f"gc.Trainer(workers={workers}): the model's forward may mix the batch's rows: {named}{more}; each worker "
+            f"gc.Trainer(workers={workers}): the model's forward may mix the batch's rows: {named}; each worker "
             "computes it on its own shard, so a step may differ from one process's on the whole batch (harmless "
             "where the node keeps rows apart after all)"), stacklevel=3)
     return found

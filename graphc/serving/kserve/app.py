@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from graphc.errors import GraphcError, ModelLoadError
+from graphc.errors import GraphcError, ModelLoadError, first_few
 from graphc.serving.kserve import schemas
 from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
                                          DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TENSOR_BYTES,
@@ -282,9 +282,9 @@ def _require_bounded(models: dict[str, dict[str, ServedModel]]) -> None:
         for version, model in versions.items():
             nodes = model.session.unbounded_nodes
             if nodes:
-                where = "; ".join(f"{node} in {place}" for node, place in nodes[:5])
+                where = first_few([f"{node} in {place}" for node, place in nodes], 5, "; ", "; ...")
                 raise ModelLoadError(
                     f"model {name!r} version {version}: --max-tensor-bytes cannot bound what its value-sized nodes "
-                    f"make on {model.session.backend} before they run ({where}{'; ...' if len(nodes) > 5 else ''}); "
+                    f"make on {model.session.backend} before they run ({where}); "
                     "serve it with --backend numpy, which checks each such node as it runs, or with "
                     "--allow-unchecked to serve it unbounded")
