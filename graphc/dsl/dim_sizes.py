@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import called_from_graphc, current, user_source
-from graphc.dsl.ops import checked_int, concat, const_i64, dim_read, lift, reshape
+from graphc.dsl.ops import checked_int, const_i64, dim_read, int64_vector, lift
 from graphc.dsl.tensor import DimName, Tensor
 from graphc.errors import CaptureError
 
@@ -35,9 +35,8 @@ def sized(size: Sequence[Any], fn: str) -> tuple[list, Tensor | None]:
     if all(isinstance(d, int) for d in shape):
         return shape, None
     sources = current().dim_sources
-    parts = [const_i64([d]) if isinstance(d, int) else dim_length(Tensor(sources[d][0]), sources[d][1])
-             if isinstance(d, str) else reshape(d, [1]) for d in sizes]
-    return shape, concat(parts)
+    return shape, int64_vector(dim_length(Tensor(sources[d][0]), sources[d][1]) if isinstance(d, str) else d
+                               for d in sizes)
 
 
 def _refused_comparison(symbol: str) -> Callable:

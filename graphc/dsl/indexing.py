@@ -156,7 +156,7 @@ def _int64s(values: list) -> Tensor:
     """An int64 ``[len(values)]``: a constant of ints, else the ints and 0-d Tensors concatenated."""
     if not any(isinstance(v, Tensor) for v in values):
         return ops.const_i64(values)
-    return ops.concat([ops.reshape(v, [1]) if isinstance(v, Tensor) else ops.const_i64([v]) for v in values])
+    return ops.int64_vector(values)
 
 
 def _run_time_sliced(shape: tuple, bounds: list[tuple], named: dict[int, str]) -> list:

@@ -9,7 +9,7 @@ module (``ops_nn`` imports ``ops``, never the reverse).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -441,6 +441,14 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
     else:
         target = const_i64(dims)
     return emit("Reshape", [x, target], out_types=[(x.dtype, out_shape)])
+
+
+def int64_vector(values: Iterable[Any]) -> Tensor:
+    """An int64 ``[n]`` of ``values`` (ints, 0-d and ``[1]`` integer Tensors), each made in turn as it is
+    reached: an int a constant ``[1]``, a 0-d Tensor reshaped to ``[1]``, a ``[1]`` Tensor as it is; then
+    concatenated."""
+    return concat([const_i64([v]) if not isinstance(v, Tensor) else reshape(v, [1]) if v.ndim == 0 else v
+                   for v in values])
 
 
 def reshape_like(x: Tensor, like: Tensor) -> Tensor:
