@@ -19,7 +19,7 @@ from graphc.dsl.builder import active, user_source
 from graphc.dsl.devices import is_device
 from graphc.dsl.ops import detach
 from graphc.errors import CaptureError
-from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
+from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
 from graphc.nn.parameter import Parameter, param_tensor
 from graphc.nn.reprs import repr_block
@@ -364,10 +364,7 @@ class Module:
         if dt not in FLOAT_DTYPES:
             raise TypeError(f"Module.to takes a floating point dtype ({', '.join(sorted(FLOAT_DTYPES))}), as "
                             f"torch's, got {dt}")
-        for _, p in self._named_tensors():
-            if p.dtype in FLOAT_DTYPES:
-                p.cast(dt)
-        return self
+        return self._cast(dt, floats_only=True)
 
     def cpu(self) -> "Module":
         """Self, unchanged: graphc chooses the device per session (``gc.Session(model, backend=...)``)."""
@@ -382,14 +379,18 @@ class Module:
         (``num_batches_tracked``) too; a dtype that is not floating point is refused while the module
         has parameters (torch's: they need gradients), naming the first."""
         dt = as_dtype(dst_type)
-        tensors = list(self._named_tensors())
-        if dt not in FLOAT_DTYPES:
-            trained = [name for name, p in tensors if not p.buffer]
-            if trained:
-                raise TypeError(f"Module.type({dt}): parameter {trained[0]!r} must stay floating point (it "
-                                f"is trained); only a module of buffers alone takes {dt}")
-        for _, p in tensors:
-            p.cast(dt)
+        trained = next((name for name, _ in self._named_tensors(buffers=False)), None)
+        if dt not in FLOAT_DTYPES and trained is not None:
+            raise TypeError(f"Module.type({dt}): parameter {trained!r} must stay floating point (it "
+                            f"is trained); only a module of buffers alone takes {dt}")
+        return self._cast(dt, floats_only=False)
+
+    def _cast(self, dt: DType, floats_only: bool) -> "Module":
+        """Every parameter and buffer cast to ``dt``, only the floating point ones where ``floats_only``
+        (``to``'s rule; ``type`` casts all); returns self."""
+        for _, p in self._named_tensors():
+            if p.dtype in FLOAT_DTYPES or not floats_only:
+                p.cast(dt)
         return self
 
     def double(self) -> "Module":
