@@ -201,6 +201,42 @@ def test_requires_grad_freezes_as_torchs_and_a_frozen_parameter_gets_no_gradient
                 assert p.grad is None and not np.any(got.get(f"net.{name}_grad", 0.0)), (backend, name)
 
 
+def _tied(nn):
+    """An embedding frozen and tied to the head, read by the lookup and at each of 4 steps."""
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.emb.weight.requires_grad_(False)
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, idx):
+            h = self.emb(idx)
+            for _ in range(4):
+                h = self.proj(h).tanh() + (h @ self.emb.weight.T).softmax(-1) @ self.emb.weight
+            return {"loss": (h @ self.emb.weight.T).sum()}
+    return Tied()
+
+
+def test_a_frozen_parameter_read_many_times_is_detached_once_per_graph():
+    theirs = _tied(torch.nn).double()
+    ours = _tied(gc.nn).double()
+    ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    idx = RNG.integers(0, 10, (3, 5))
+    theirs(torch.tensor(idx))["loss"].backward()
+    captured = gc.capture(ours, idx=idx)
+    assert [n.op_type for n in captured.proto.graph.node].count("Identity") == 1  # 10 reads, one gc.detach
+    model = gc.grad(captured, "loss")
+    for backend in BACKENDS:
+        got = gc.Session(model, backend=backend).run({"idx": idx})
+        np.testing.assert_allclose(got["loss"], theirs(torch.tensor(idx))["loss"].item(), rtol=1e-12)
+        for name, p in theirs.named_parameters():
+            if p.requires_grad:
+                np.testing.assert_allclose(got[f"{name}_grad"], p.grad.numpy(), rtol=1e-12, atol=1e-12)
+        assert not np.any(got.get("emb.weight_grad", 0.0)), backend
+
+
 def test_assigning_onto_a_buffer_updates_it_in_place_keeping_its_persistence():
     theirs, ours = _pair()
     scale = RNG.standard_normal(3)

@@ -211,7 +211,8 @@ class Builder:
         self.training = training
         self.scopes = [Scope(eager)]
         self.initializers: list[ir.Value] = []
-        self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> its Tensor in this capture
+        # id(Parameter) -> its Tensor in this capture; (id(Parameter), scope id) -> a frozen one's detach there
+        self.param_tensors: dict[int | tuple[int, int], Any] = {}
         self.rooted: set[int] | None = None  # ids of the captured Module's parameters (None: a function)
         self.buffers: list[str] = []
         # id(Tensor) -> (the Tensor, its Module, its initializer) for each buffer of the captured Module read

@@ -17,11 +17,10 @@ import numpy as np
 
 from graphc.dsl.builder import active, user_source
 from graphc.dsl.devices import is_device
-from graphc.dsl.ops import detach
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
-from graphc.nn.parameter import Parameter, param_tensor
+from graphc.nn.parameter import Parameter, read_param
 from graphc.nn.reprs import repr_block
 from graphc.nn.slots import (EXPECTED, check_name, children, empty, is_tensor, register, registered, set_buffer,
                              wrong_kind)
@@ -80,8 +79,7 @@ class Module:
             builder = active()
             if builder is None:
                 return param
-            tensor = param_tensor(builder, self, name, param)
-            return tensor if param.requires_grad or param.buffer else detach(tensor)
+            return read_param(builder, self, name, param)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         if name in d.get("_slots", {}):

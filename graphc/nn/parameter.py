@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import Builder, user_source
+from graphc.dsl.ops import detach
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
@@ -132,3 +133,16 @@ def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> T
         if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it
             builder.buffer_tensors[id(tensor)] = (tensor, owner, value)
     return tensor
+
+
+def read_param(builder: Builder, owner: Any, attr: str, param: Parameter) -> Tensor:
+    """What ``owner.<attr>`` reads in this capture: ``param_tensor``, or for a frozen parameter
+    (``requires_grad=False``) its ``gc.detach``, one per graph scope that every read there shares (a
+    body's Identity cannot serve the graph around it)."""
+    tensor = param_tensor(builder, owner, attr, param)
+    if param.requires_grad or param.buffer:
+        return tensor
+    key = (id(param), builder.scope.id)
+    if key not in builder.param_tensors:
+        builder.param_tensors[key] = detach(tensor)
+    return builder.param_tensors[key]
