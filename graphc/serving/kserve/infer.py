@@ -56,6 +56,11 @@ DEFAULT_MAX_TENSOR_BYTES = 4 << 30
 # The most bytes such a model's main-graph tensors of known shape may hold at once for a request
 # (each under the bound above, many of them add up), checked from the same shape inference.
 DEFAULT_MAX_REQUEST_BYTES = 8 << 30
+# A reply goes out this many bytes at a time (each a copy, which the transport may keep until it is
+# sent): the written reply was a whole buffered in the transport and the request's --max-queue place
+# freed at once, so a client that sent requests and read no replies held a 64 MB reply per connection
+# for the read timeout, however many connections, past --max-queue (8 connections: +525 MB).
+REPLY_CHUNK = 256 << 10
 _log = logging.getLogger("graphc.serve")
 
 
@@ -223,9 +228,16 @@ async def send_reply(send: Callable, status: int, message: str) -> None:
 
 async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
                 extra: list[tuple[bytes, bytes]] = ()) -> None:
+    """Send a reply ``REPLY_CHUNK`` bytes at a time, then an empty last message: the server waits
+    before each message while its client has not read what it was sent, so this returns once all
+    but the last ``REPLY_CHUNK`` bytes and the transport's buffer (64 KiB) are out, and the
+    request holds its ``--max-queue`` place until then (or until its read timeout drops the
+    connection)."""
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    for start in range(0, len(body), REPLY_CHUNK):
+        await send({"type": "http.response.body", "body": body[start:start + REPLY_CHUNK], "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _until_disconnect(receive: Callable, deadline: Deadline) -> None:
