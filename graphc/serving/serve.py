@@ -69,7 +69,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             first byte; or to read a reply it stopped reading) before it is closed.
         on_ready: called once the server accepts connections, with the ``(host, port)`` it listens
             on (for ``port=0``, the port the system chose) when it takes an argument.
-        max_queue: the most infer requests held at once (being received, waiting or running);
+        max_queue: the most infer requests held at once (being received, waiting, running or
+            having their reply read: an unread reply keeps its place until ``read_timeout``);
             past it a request gets 503 from its headers alone, and its connection closes.
         max_reply_bytes: the largest reply body (an output's size may depend on the data); a
             request whose reply would be larger gets 400 naming the output, the reply unbuilt.

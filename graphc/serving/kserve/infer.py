@@ -41,9 +41,10 @@ HEAVY_BYTES = 1 << 20
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 DEFAULT_MAX_JSON_BYTES = 32 << 20
 HEAVY_AT_ONCE = 4
-# Infer requests held at once (being received, waiting for a thread or running); past it a request
-# is refused with 503 from its headers, before its body is read, so a flood of them cannot hold
-# memory or queue without end. 128 keeps a few threads' worth of work queued behind the running ones.
+# Infer requests held at once (being received, waiting for a thread, running or having their reply
+# read); past it a request is refused with 503 from its headers, before its body is read, so a flood
+# of them cannot hold memory or queue without end. 128 keeps a few threads' worth of work queued
+# behind the running ones.
 DEFAULT_MAX_QUEUE = 128
 # The largest reply body: an output's size may depend on the data (a Range or Expand of a fed
 # size), so a tiny request could ask for gigabytes; past it the request gets 400, the reply unbuilt.
