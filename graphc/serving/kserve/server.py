@@ -12,9 +12,12 @@ import asyncio
 import errno
 import functools
 import inspect
+import logging
+import math
 import resource
 import socket
 import sys
+import time
 from typing import Any, Callable
 
 import uvicorn
@@ -50,6 +53,11 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # after about 70 MB, 0.05 s on loopback.
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
+# Seconds between two logged warnings of one kind about what a client sent (uvicorn logs one line per
+# request its parser refuses: 42 bytes of log for an 11-byte request). Logged each time, 1,560 such
+# requests filled a 64 KiB stdout pipe its reader did not drain and the event loop blocked writing,
+# every connection with it.
+WARNING_INTERVAL = 60.0
 
 
 def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
@@ -85,8 +93,11 @@ class DeadlineProtocol(HttpToolsProtocol):
     carry no new data; only bytes of the reply itself draw the reset. Its run goes on to its end
     or ``--request-timeout``.)"""
 
-    def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
+    def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 log: ThrottledLog | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if log is not None:
+            self.logger = log
         self.read_timeout = read_timeout
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
@@ -304,6 +315,29 @@ class DeadlineProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
 
 
+class ThrottledLog:
+    """A logger whose warnings (what uvicorn's connections log about what a client sent: a request
+    its parser refuses, an upgrade it does not take) go out at most once per ``WARNING_INTERVAL``
+    seconds per message, with how many were left out since; other calls pass through."""
+
+    def __init__(self, logger: logging.Logger):
+        self._logger = logger
+        self._last: dict[str, tuple[float, int]] = {}  # message -> (when logged, left out since)
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        logged, left_out = self._last.get(msg, (-math.inf, 0))
+        if now - logged < WARNING_INTERVAL:
+            self._last[msg] = (logged, left_out + 1)
+            return
+        self._last[msg] = (now, 0)
+        more = f" ({left_out} more in the last {now - logged:.0f} s)" if left_out else ""
+        self._logger.warning(f"{msg}{more}", *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
 class _Lingering:
     """A connection's transport as uvicorn and ``DeadlineProtocol`` see it: ``close`` is the
     protocol's (it may linger), and a lingering connection reads as closing."""
@@ -377,11 +411,14 @@ def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = 
     uvloop (and asyncio) set TCP_NODELAY on every accepted connection, so replies are not held
     back by Nagle's algorithm (tests/test_serve.py checks). Idle keep-alive connections close
     after ``min(5, read_timeout)`` s. No proxy-header rewriting: the server is not meant to sit
-    behind a proxy it trusts.
+    behind a proxy it trusts. A connection's warnings about what its client sent are logged at
+    most once per ``WARNING_INTERVAL`` seconds each (``ThrottledLog``).
     """
 
+    log = ThrottledLog(logging.getLogger("uvicorn.error"))
+
     def protocol(**kwargs: Any) -> DeadlineProtocol:
-        return DeadlineProtocol(read_timeout=read_timeout, **kwargs)
+        return DeadlineProtocol(read_timeout=read_timeout, log=log, **kwargs)
 
     return uvicorn.Config(app, http=protocol, log_level=log_level, access_log=access_log, backlog=backlog,
                           timeout_keep_alive=min(5, read_timeout), timeout_graceful_shutdown=30,
