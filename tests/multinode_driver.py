@@ -4,7 +4,10 @@ sets it), trains a float64 MLP on 2 workers, and prints one JSON line of what it
 
 ``spec``: ``backend``, ``placement``, ``num_cpus``, ``max_restarts``, ``checkpoint`` (a folder);
 ``kill`` (a node's session id, all of whose processes it kills just before step ``at``, as a
-machine lost); ``resume``: after the run, train on from its checkpoint on what is left.
+machine lost); ``resume``: after the run, train on from its checkpoint on what is left;
+``client``: ``address`` is a Ray Client one (``ray://``): count the cluster round trips for the
+session (``ray.get_runtime_context``) during ``fit``, try the addresses ``refused``, then step
+after ``ray.shutdown()``.
 """
 
 from __future__ import annotations
@@ -57,11 +60,12 @@ def main(spec: dict) -> dict:
             return step(batch)
 
         dp.step = killing
-    started = time.monotonic()
+    started, contexts = time.monotonic(), _counting(ray, "get_runtime_context")
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             got = dp.fit(loader(), epochs=EPOCHS, progress=False, quiet=True, checkpoint=spec["checkpoint"])
+        out["contexts"] = len(contexts)
         out["got"], out["warnings"] = got.step_losses, [str(w.message) for w in seen]
         out["ms_per_step"] = 1e3 * (time.monotonic() - started) / len(got.step_losses)
     except gc.GraphcError as exc:
@@ -74,7 +78,32 @@ def main(spec: dict) -> dict:
         out["resumed_nodes"] = sorted({n for n in resumed._nodes})
         out["resumed"] = resumed.fit(loader(), epochs=EPOCHS, progress=False, quiet=True).step_losses
         out["params"] = {k: v.tolist() for k, v in resumed.params.items()}
+    if spec.get("client"):
+        out["refused"] = [_error(lambda: gc.Trainer(arts, **{**run, "ray_address": other})) for other in spec["refused"]]
+        ray.shutdown()
+        out["after_shutdown"] = _error(lambda: dp.step({k: v[:BATCH] for k, v in data.items()}))
     return out
+
+
+def _counting(owner, name: str) -> list:
+    """Count the calls of ``owner.name`` from now on: the list gets one entry per call."""
+    calls, call = [], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return call(*args, **kwargs)
+
+    setattr(owner, name, counted)
+    return calls
+
+
+def _error(run) -> list:
+    """[type name, message] of what ``run()`` raised (it must raise a graphc error)."""
+    try:
+        run()
+    except gc.GraphcError as exc:
+        return [type(exc).__name__, str(exc)]
+    raise AssertionError("no error")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def _session(sid: int) -> list[int]:
 
 class LoopbackCluster:
     """Nodes named by a custom resource each (``{name: 1}``), each with ``cpus`` CPUs; the first
-    is the head. ``address`` is the head's ``127.0.0.1:port``."""
+    is the head. ``address`` is the head's ``127.0.0.1:port``, ``client_address`` its Ray Client
+    server's ``ray://127.0.0.1:port``."""
 
     def __init__(self, nodes: dict[str, float], env: Optional[dict[str, str]] = None, start_s: float = 60.0):
         self.dir = Path(tempfile.mkdtemp(prefix="gcr", dir="/tmp"))  # short: Ray's socket paths are bounded
@@ -78,6 +79,7 @@ class LoopbackCluster:
         self.nodes: dict[str, subprocess.Popen] = {}
         self.start_s = start_s
         self.address = f"127.0.0.1:{_free_port()}"
+        self.client_address = f"ray://127.0.0.1:{_free_port()}"  # the head's Ray Client server
         try:
             for name, cpus in nodes.items():
                 self._start(name, cpus)
@@ -93,7 +95,7 @@ class LoopbackCluster:
 
     def _start(self, name: str, cpus: float) -> None:
         where = ["--head", f"--port={self.address.rpartition(':')[2]}", "--include-dashboard=false",
-                 f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}"] if not self.nodes \
+                 f"--dashboard-port={_free_port()}", f"--ray-client-server-port={self.client_address.rpartition(':')[2]}"] if not self.nodes \
             else [f"--address={self.address}"]
         command = [*RAY_CLI, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus:g}",
                    f"--resources={json.dumps({name: 1})}", "--disable-usage-stats", f"--temp-dir={self.dir}",

@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -945,6 +946,27 @@ def test_an_address_other_than_the_joined_clusters_is_refused_and_its_own_is_tak
         trainer = gc.Trainer(arts, **WORKER, ray_address=address)
         assert np.isfinite(trainer.step(_data("mlp", 4)))
         trainer.shutdown()
+
+
+def test_a_trainer_passed_to_a_ray_task_or_copied_is_refused_saying_why(ray_cluster):
+    """A Ray task got a copy of the trainer that stepped its workers: the task's step returned a
+    loss, but its update went with the copy, and the trainer's params never moved."""
+    import copy
+    import pickle
+
+    import ray
+
+    dp, batch = gc.Trainer(_arts("mlp", "sgd-momentum"), **WORKER), _data("mlp", 8)
+    before = dp.params
+    why = "a data-parallel gc.Trainer cannot be pickled (passed to a Ray task or actor, copied)"
+    with pytest.raises(TypeError, match=re.escape(why)):
+        ray.get(ray.remote(lambda trainer, batch: trainer.step(batch)).options(num_cpus=0.25).remote(dp, batch))
+    for call in (lambda: ray.put(dp), lambda: copy.deepcopy(dp), lambda: pickle.dumps(dp)):
+        with pytest.raises(TypeError, match=re.escape(why)):
+            call()
+    _close(dp.params, before)
+    assert np.isfinite(dp.step(batch)) and dp.step_count == 1
+    dp.shutdown()
 
 
 def test_a_trainer_whose_ray_was_shut_down_says_so_at_once(ray_cluster, tmp_path):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from graphc.errors import BackendUnavailable, GraphcError, MissingDependency
+from graphc.runtime.distributed.connection import check_joined
 
 INSTALL_HINT = 'pip install "graphc[ray]"'
 # A local cluster graphc starts: loopback only (Ray's switch for single-machine clusters), no
@@ -45,7 +46,7 @@ def connect(address: Optional[str], feature: str):
             os.environ.setdefault(key, value)
     ray = require_ray(feature)
     if ray.is_initialized() and address not in (None, "auto"):
-        _check_joined(ray, address)
+        check_joined(ray, address)
     if not ray.is_initialized():
         if address is not None:
             _probe(address)
@@ -58,44 +59,6 @@ def connect(address: Optional[str], feature: str):
             where = f"reach the Ray cluster at {address!r}" if address else "start a local Ray cluster"
             raise GraphcError(f"cannot {where}: {exc}") from None
     return ray
-
-
-def _check_joined(ray, address: str) -> None:
-    """Refuse ``address`` when this process already joined another cluster (``ray.init`` was
-    called, by the user or an earlier trainer): Ray keeps one connection per process, so graphc
-    would otherwise run on that cluster, not the one asked for. A Ray Client connection
-    (``ray://``) cannot be told apart from the inside: it is taken as given."""
-    import ray.util.client
-
-    if ray.util.client.ray.is_connected():
-        return
-    joined = ray.get_runtime_context().gcs_address
-    if not address.startswith("ray://") and _endpoint(address) == _endpoint(joined):
-        return
-    raise GraphcError(f"ray_address={address!r}, but this process is already connected to the Ray cluster at "
-                      f"{joined!r} (ray.init() was called, or an earlier gc.Trainer or map_batches connected), and "
-                      "Ray holds one connection per process: call ray.shutdown() first, or leave ray_address out "
-                      "(or pass 'auto') to use the cluster already joined")
-
-
-def _endpoint(address: str) -> tuple[str, str]:
-    """``host:port`` as (IP address, port); a host that does not resolve stays as written."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    try:
-        host = socket.gethostbyname(host)
-    except OSError:
-        pass
-    return host, port
-
-
-def session_of(ray) -> Optional[tuple[str, str]]:
-    """This process's Ray connection as (cluster session, job), None when it has none: actors
-    started under one are gone once it is shut down (``ray.shutdown()``), whatever joined after."""
-    if not ray.is_initialized():
-        return None
-    context = ray.get_runtime_context()
-    return context.get_session_name(), context.get_job_id()
 
 
 def _probe(address: str) -> None:

@@ -4,8 +4,7 @@ Every global batch is cut into ``N`` contiguous shards (``shards.py``; sizes as 
 uneven batch gives the first shards one row more; with a BatchNorm that has one value per
 channel per row, BatchNorm1d on ``[N, C]``, a train step's ``R``-row batch goes to the first
 ``min(N, R // 2)`` workers so no shard has 1 row, the others get none and count for nothing), one
-per worker, a Ray actor holding the
-``gradients`` and optimizer ``update`` graphs on its own backend
+per worker, a Ray actor holding the ``gradients`` and optimizer ``update`` graphs on its own backend
 (``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
 own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
 message is the batch's position and the shard's rows), so the global order is the loader's, as
@@ -48,7 +47,8 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.runtime import metrics as metrics_lib
-from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, session_of, settle
+from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
+from graphc.runtime.distributed.connection import Connection, DrivesWorkers
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
@@ -68,7 +68,7 @@ from graphc.runtime.trainer import BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTION
 __all__ = ["DistributedTrainer"]
 
 
-class DistributedTrainer(Trainer):
+class DistributedTrainer(Trainer, DrivesWorkers):
     """``Trainer`` whose steps run on ``workers`` Ray actors (see the module's docstring).
 
     Args beyond ``Trainer``'s: ``workers`` (>= 1), ``ray_address`` (a running cluster; default:
@@ -167,7 +167,7 @@ class DistributedTrainer(Trainer):
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
-        self._session = session_of(self._ray)
+        self._session = Connection(self._ray)
         self._actors = [self._actor.remote(rank) for rank in range(self.workers)]
         self._who = [f"worker rank {rank}" for rank in range(self.workers)]
         started = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
@@ -183,7 +183,7 @@ class DistributedTrainer(Trainer):
         if self._actors is None:
             raise GraphcError("this trainer was shut down (shutdown()), its workers are gone; make a new gc.Trainer, "
                               "from a checkpoint to go on")
-        if session_of(self._ray) != self._session:  # Ray would retry for seconds, then raise a bare Exception
+        if not self._session.current():  # Ray would retry for seconds, then raise a bare Exception
             raise GraphcError("Ray was shut down (ray.shutdown()) since this trainer started its workers, and they "
                               "went with it; make a new gc.Trainer, from a checkpoint to go on")
         return self._actors
@@ -212,7 +212,7 @@ class DistributedTrainer(Trainer):
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected); the trainer
         cannot be used after."""
-        if session_of(self._ray) == self._session:  # else ray.shutdown() ended them
+        if self._session.current():  # else ray.shutdown() ended them
             for replica in self._actors or ():
                 self._ray.kill(replica)
         self._actors, self._pending = None, []
