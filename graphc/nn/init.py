@@ -23,12 +23,13 @@ def fan_in_out(shape: Sequence[int]) -> tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
-def _between(low: float, high: float) -> Init:
+def between(low: float, high: float) -> Init:
+    """U(low, high)."""
     return lambda rng, shape, dtype: rng.uniform(low, high, size=shape).astype(dtype)
 
 
 def uniform(bound: float) -> Init:
-    return _between(-bound, bound)
+    return between(-bound, bound)
 
 
 def kaiming_uniform(a: float = math.sqrt(5)) -> Init:
@@ -97,13 +98,14 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
 
 
 def _fill(tensor: Any, init: Init, fn: str, generator: Any = None) -> Any:
-    if not hasattr(tensor, "reinit"):
-        raise TypeError(f"nn.init.{fn} takes a gc.nn.Parameter (a module's weight, read outside a capture), "
-                        f"got {type(tensor).__name__}")
+    handle = tensor.data if hasattr(tensor, "reinit") else tensor  # a Parameter, or its .data (or a slice of it)
+    if not hasattr(handle, "_redraw"):
+        raise TypeError(f"nn.init.{fn} takes a gc.nn.Parameter or its .data (a module's weight, read outside a "
+                        f"capture), got {type(tensor).__name__}")
     if generator is not None:
         raise ValueError(f"nn.init.{fn}: generator= is not taken; graphc draws from gc.capture's seed "
                          f"(or init_parameters(seed))")
-    tensor.reinit(init)
+    handle._redraw(init)
     return tensor
 
 
@@ -115,7 +117,7 @@ def _fan(shape: Sequence[int], mode: str) -> int:
 
 
 def uniform_(tensor: Any, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Any:
-    return _fill(tensor, _between(a, b), "uniform_", generator)
+    return _fill(tensor, between(a, b), "uniform_", generator)
 
 
 def normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Any:

@@ -281,7 +281,7 @@ class Module:
         """Every persistent parameter and buffer by PyTorch's key (``layers.0.weight``, ``bn.running_mean``)
         after ``prefix``, as arrays (``keep_vars``: the ``Parameter`` objects), put into ``destination`` when
         given; a tensor or module shared by two modules appears under both keys, as in PyTorch."""
-        if any(p.data is None for _, p in self._named_tensors()):
+        if not all(p.drawn for _, p in self._named_tensors()):
             self.init_parameters(0)
         out = {} if destination is None else destination
         for name, p in self._named_tensors(remove_duplicate=False):

@@ -3,6 +3,7 @@ is drawn when its module is initialised unless the user set it, and the Tensor t
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -14,6 +15,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.nn import init as _init
+from graphc.nn.param_data import data_of
 
 
 class Parameter:
@@ -47,9 +49,10 @@ class Parameter:
         self.qualname: str | None = None
 
     @property
-    def data(self) -> np.ndarray | None:
-        """The value (None until initialised or assigned)."""
-        return self._data
+    def data(self) -> Any:
+        """torch's ``.data``: the value, an ndarray whose in-place methods (``normal_``, ``fill_``, ``mul_``, ...)
+        write into it; before the module draws it, a handle that records them (``graphc.nn.param_data``)."""
+        return data_of(self)
 
     @data.setter
     def data(self, value: Any) -> None:
@@ -59,25 +62,20 @@ class Parameter:
         self._data = arr.astype(to_numpy(self.dtype))
         self.user_set = True
 
-    def copy_(self, src: Any) -> "Parameter":
-        """``torch.Tensor.copy_`` in ``__init__`` (``with torch.no_grad(): self.dt_proj.bias.copy_(inv_dt)``): the
-        value becomes ``src`` (a number, array or ``gc.Tensor`` computed outside a capture) broadcast to the
-        shape and cast to the dtype; returns self, as torch's."""
-        value = np.asarray(src)
-        try:
-            self.data = np.broadcast_to(value, self.shape)
-        except ValueError:
-            raise CaptureError(f"{self.qualname or 'Parameter'}.copy_: expected a value that broadcasts to "
-                               f"{list(self.shape)}, got shape {list(value.shape)}") from None
-        return self
+    @property
+    def drawn(self) -> bool:
+        """Whether a value is held (drawn, loaded or set); ``.data`` reads values only then."""
+        return self._data is not None
 
-    def fill_(self, value: Any) -> "Parameter":
-        """``torch.Tensor.fill_`` in ``__init__``: every entry ``value``; returns self."""
-        return self.copy_(value)
+    def size(self, dim: int | None = None) -> Any:
+        """torch's ``size()``: the shape, or its ``dim`` entry."""
+        return self.shape if dim is None else self.shape[dim]
 
-    def zero_(self) -> "Parameter":
-        """``torch.Tensor.zero_`` in ``__init__``: every entry 0; returns self."""
-        return self.copy_(0)
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
         """Set ``requires_grad`` (False: frozen, read through ``gc.detach``); returns self, as torch's."""
@@ -109,12 +107,27 @@ class Parameter:
         return f"{kind}({self.dtype}{list(self.shape)})"
 
 
+def _in_place(name: str) -> Any:
+    def method(self: Parameter, *args: Any, **kwargs: Any) -> Parameter:
+        getattr(self.data, name)(*args, **kwargs)
+        return self
+
+    method.__name__ = name
+    method.__doc__ = f"``torch.Tensor.{name}`` on the parameter outside a capture (``with torch.no_grad(): " \
+                     f"w.{name}(...)``), as ``.data.{name}``; returns self."
+    return method
+
+
+for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_", "clip_", "normal_", "uniform_"):
+    setattr(Parameter, _name, _in_place(_name))
+
+
 def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> Tensor:
     """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
     tensor = builder.param_tensors.get(id(param))
     if tensor is not None:
         return tensor
-    if param.data is None:  # a module not reached from the captured root: draw in use order
+    if not param.drawn:  # a module not reached from the captured root: draw in use order
         param.draw(builder.rng)
     if builder.rooted is not None and id(param) in builder.rooted:
         value = builder.add_initializer(param.qualname, param.numpy())

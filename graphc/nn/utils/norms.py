@@ -47,7 +47,7 @@ def read(module: Module, name: str) -> Any:
 
 def weight_value(param: Parameter) -> np.ndarray:
     """The parameter's value, drawn now from its init if it has none yet."""
-    if param.data is None:
+    if not param.drawn:
         param.draw(np.random.default_rng(0))
     return param.numpy()
 
