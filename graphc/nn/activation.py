@@ -8,7 +8,7 @@ from typing import Any
 from graphc.dsl import ops, ops_layers
 from graphc.dsl.batching import batch_rank
 from graphc.dsl.ops_random import rrelu
-from graphc.nn.init import constant as _constant
+from graphc.nn.draws import constant as _constant
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
 

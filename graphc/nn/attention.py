@@ -9,7 +9,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_mha import heads
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
 
@@ -42,11 +42,11 @@ class MultiheadAttention(Module):
         self.in_proj_weight = _xavier_uniform((3 * embed_dim, embed_dim), dtype) if same else None
         for name, width in (("q", embed_dim), ("k", self.kdim), ("v", self.vdim)):
             setattr(self, f"{name}_proj_weight", None if same else _xavier_uniform((embed_dim, width), dtype))
-        self.in_proj_bias = Parameter(shape=(3 * embed_dim,), init=init.zeros, dtype=dtype) if bias else None
+        self.in_proj_bias = Parameter(shape=(3 * embed_dim,), init=draws.zeros, dtype=dtype) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
         self.out_proj._repr_name = "NonDynamicallyQuantizableLinear"  # torch's class for it; repr shows no arguments
         if bias:  # zeros, as PyTorch's (a new Parameter: inside a capture ``out_proj.bias`` reads as a Tensor)
-            self.out_proj.bias = Parameter(shape=(embed_dim,), init=init.zeros, dtype=dtype)
+            self.out_proj.bias = Parameter(shape=(embed_dim,), init=draws.zeros, dtype=dtype)
         for name in ("bias_k", "bias_v"):
             setattr(self, name, Parameter(shape=(1, 1, embed_dim), init=_xavier_normal, dtype=dtype)
                     if add_bias_kv else None)
@@ -85,10 +85,10 @@ class MultiheadAttention(Module):
 
 
 def _xavier_uniform(shape: tuple[int, int], dtype: Any) -> Parameter:
-    return Parameter(shape=shape, init=init.xavier_uniform(), dtype=dtype)
+    return Parameter(shape=shape, init=draws.xavier_uniform(), dtype=dtype)
 
 
 def _xavier_normal(rng, shape, dtype):
     """torch's ``xavier_normal_`` (gain 1): N(0, sqrt(2 / (fan_in + fan_out)))."""
-    fan_in, fan_out = init.fan_in_out(shape)
-    return init.normal(0.0, (2.0 / (fan_in + fan_out)) ** 0.5)(rng, shape, dtype)
+    fan_in, fan_out = draws.fan_in_out(shape)
+    return draws.normal(0.0, (2.0 / (fan_in + fan_out)) ** 0.5)(rng, shape, dtype)

@@ -12,7 +12,7 @@ from graphc.dsl.ops_array import pad
 from graphc.dsl.ops_nn import conv_pads, ints
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -46,9 +46,9 @@ class _ConvNd(Module):
         self.output_padding, self.padding_mode = output_padding, padding_mode
         io = (in_channels, out_channels // groups) if self.transposed else (out_channels, in_channels // groups)
         shape = io + k
-        self.weight = Parameter(shape=shape, init=init.kaiming_uniform(), dtype=dtype)
+        self.weight = Parameter(shape=shape, init=draws.kaiming_uniform(), dtype=dtype)
         fan_in = shape[1] * math.prod(k)
-        self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None
+        self.bias = Parameter(shape=(out_channels,), init=draws.bias_uniform(fan_in), dtype=dtype) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         padding = self.padding

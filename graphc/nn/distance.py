@@ -8,7 +8,7 @@ from typing import Any
 
 from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance
 from graphc.dsl.tensor import Tensor
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
 
 
@@ -20,7 +20,7 @@ class Bilinear(Module):
                  dtype: Any = "float32"):
         super().__init__()
         self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
-        draw = init.uniform(1.0 / math.sqrt(in1_features))
+        draw = draws.uniform(1.0 / math.sqrt(in1_features))
         self.weight = Parameter(shape=(out_features, in1_features, in2_features), init=draw, dtype=dtype)
         self.bias = Parameter(shape=(out_features,), init=draw, dtype=dtype) if bias else None
 

@@ -1,84 +1,24 @@
-"""PyTorch's default initialisations, drawn from a ``numpy.random.Generator``.
-
-Each initialiser is ``fn(rng, shape, dtype) -> np.ndarray``; ``Parameter`` keeps one and calls it
-when the module is initialised (``Module.init_parameters(seed)``, which ``gc.capture`` runs).
+"""``torch.nn.init`` on a graphc Parameter (or its ``.data``): torch fills the tensor now; graphc keeps the
+initialiser and draws it when the module is initialised (``gc.capture``'s seed, ``init_parameters``), so
+``module.apply(init_weights)`` ports as is. The recipes themselves: ``graphc.nn.draws``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-Init = Callable[[np.random.Generator, tuple, Any], np.ndarray]
+from graphc.nn import draws
+from graphc.nn.draws import Init, fan_in_out, ones, zeros
 
-
-def fan_in_out(shape: Sequence[int]) -> tuple[int, int]:
-    """(fan_in, fan_out) as ``torch.nn.init._calculate_fan_in_and_fan_out``."""
-    if len(shape) < 2:
-        raise ValueError(f"fan in/out need a tensor of rank >= 2, got shape {tuple(shape)}")
-    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
-    return shape[1] * receptive, shape[0] * receptive
-
-
-def between(low: float, high: float) -> Init:
-    """U(low, high)."""
-    return lambda rng, shape, dtype: rng.uniform(low, high, size=shape).astype(dtype)
-
-
-def uniform(bound: float) -> Init:
-    return between(-bound, bound)
-
-
-def kaiming_uniform(a: float = math.sqrt(5)) -> Init:
-    """``torch.nn.init.kaiming_uniform_(w, a)`` (leaky_relu gain, fan_in mode); with the default
-    ``a=sqrt(5)`` this is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), PyTorch's Linear/Conv default."""
-    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
-        fan_in, _ = fan_in_out(shape)
-        gain = math.sqrt(2.0 / (1 + a * a))
-        bound = gain * math.sqrt(3.0 / fan_in) if fan_in else 0.0
-        return rng.uniform(-bound, bound, size=shape).astype(dtype)
-
-    return draw
-
-
-def xavier_uniform(gain: float = 1.0) -> Init:
-    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
-        fan_in, fan_out = fan_in_out(shape)
-        bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-bound, bound, size=shape).astype(dtype)
-
-    return draw
-
-
-def normal(mean: float = 0.0, std: float = 1.0) -> Init:
-    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
-        return rng.normal(mean, std, size=shape).astype(dtype)
-
-    return draw
-
-
-def constant(value: float) -> Init:
-    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
-        return np.full(shape, value, dtype=dtype)
-
-    return draw
-
-
-zeros = constant(0.0)
-ones = constant(1.0)
-
-
-def bias_uniform(fan_in: int) -> Init:
-    """PyTorch's Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-    return uniform(1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)
-
-
-# -- torch.nn.init's in-place forms on a graphc Parameter -----------------------------------------
-# torch fills the tensor now; a graphc Parameter keeps the initialiser and draws it when the module is
-# initialised (``gc.capture``'s seed, ``init_parameters``), so ``module.apply(init_weights)`` ports as is.
+__all__ = ["calculate_gain", "constant", "constant_", "dirac", "dirac_", "eye", "eye_", "kaiming_normal",
+           "kaiming_normal_", "kaiming_uniform", "kaiming_uniform_", "normal", "normal_", "ones", "ones_",
+           "orthogonal", "orthogonal_", "sparse", "sparse_", "trunc_normal_", "uniform", "uniform_", "xavier_normal",
+           "xavier_normal_", "xavier_uniform", "xavier_uniform_", "zeros", "zeros_"]
 
 _GAINS = {"linear": 1.0, "conv1d": 1.0, "conv2d": 1.0, "conv3d": 1.0, "conv_transpose1d": 1.0,
           "conv_transpose2d": 1.0, "conv_transpose3d": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3, "relu": math.sqrt(2.0),
@@ -117,11 +57,11 @@ def _fan(shape: Sequence[int], mode: str) -> int:
 
 
 def uniform_(tensor: Any, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Any:
-    return _fill(tensor, between(a, b), "uniform_", generator)
+    return _fill(tensor, draws.between(a, b), "uniform_", generator)
 
 
 def normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Any:
-    return _fill(tensor, normal(mean, std), "normal_", generator)
+    return _fill(tensor, draws.normal(mean, std), "normal_", generator)
 
 
 def trunc_normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
@@ -139,7 +79,7 @@ def trunc_normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, a: float = -
 
 
 def constant_(tensor: Any, val: float) -> Any:
-    return _fill(tensor, constant(val), "constant_")
+    return _fill(tensor, draws.constant(val), "constant_")
 
 
 def zeros_(tensor: Any) -> Any:
@@ -158,12 +98,12 @@ def eye_(tensor: Any) -> Any:
 
 def xavier_uniform_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
     fan_in_out(tensor.shape)  # a rank below 2 fails here, as torch's
-    return _fill(tensor, xavier_uniform(gain), "xavier_uniform_", generator)
+    return _fill(tensor, draws.xavier_uniform(gain), "xavier_uniform_", generator)
 
 
 def xavier_normal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
     fan_in, fan_out = fan_in_out(tensor.shape)
-    return _fill(tensor, normal(0.0, gain * math.sqrt(2.0 / (fan_in + fan_out))), "xavier_normal_", generator)
+    return _fill(tensor, draws.normal(0.0, gain * math.sqrt(2.0 / (fan_in + fan_out))), "xavier_normal_", generator)
 
 
 def _kaiming_std(tensor: Any, a: float, mode: str, nonlinearity: str) -> float:
@@ -174,12 +114,12 @@ def _kaiming_std(tensor: Any, a: float, mode: str, nonlinearity: str) -> float:
 def kaiming_uniform_(tensor: Any, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
                      generator: Any = None) -> Any:
     bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
-    return _fill(tensor, uniform(bound), "kaiming_uniform_", generator)
+    return _fill(tensor, draws.uniform(bound), "kaiming_uniform_", generator)
 
 
 def kaiming_normal_(tensor: Any, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
                     generator: Any = None) -> Any:
-    return _fill(tensor, normal(0.0, _kaiming_std(tensor, a, mode, nonlinearity)), "kaiming_normal_", generator)
+    return _fill(tensor, draws.normal(0.0, _kaiming_std(tensor, a, mode, nonlinearity)), "kaiming_normal_", generator)
 
 
 def orthogonal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
@@ -235,3 +175,20 @@ def sparse_(tensor: Any, sparsity: float, std: float = 0.01, generator: Any = No
         return out.astype(dtype)
 
     return _fill(tensor, draw, "sparse_", generator)
+
+
+def _deprecated(name: str) -> Any:
+    """torch's old name without the underscore (``nn.init.xavier_uniform(w)``): warns as torch does and fills."""
+    fill = globals()[f"{name}_"]
+
+    def alias(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(f"`nn.init.{name}` is now deprecated in favor of `nn.init.{name}_`.", FutureWarning, stacklevel=2)
+        return fill(*args, **kwargs)
+
+    alias.__name__, alias.__doc__ = name, f"torch's deprecated ``nn.init.{name}``: ``{name}_``, with a FutureWarning."
+    return alias
+
+
+(uniform, normal, constant, eye, dirac, xavier_uniform, xavier_normal, kaiming_uniform, kaiming_normal, orthogonal,
+ sparse) = map(_deprecated, ("uniform", "normal", "constant", "eye", "dirac", "xavier_uniform", "xavier_normal",
+                             "kaiming_uniform", "kaiming_normal", "orthogonal", "sparse"))

@@ -15,7 +15,7 @@ from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.activation import AlongDim, InPlace
 from graphc.nn.dropout import DropoutLayer
 from graphc.nn.module import Module, Parameter
@@ -30,9 +30,9 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = "float32"):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(shape=(out_features, in_features), init=init.kaiming_uniform(), dtype=dtype)
+        self.weight = Parameter(shape=(out_features, in_features), init=draws.kaiming_uniform(), dtype=dtype)
         if bias:
-            self.bias = Parameter(shape=(out_features,), init=init.bias_uniform(in_features), dtype=dtype)
+            self.bias = Parameter(shape=(out_features,), init=draws.bias_uniform(in_features), dtype=dtype)
         else:
             self.bias = None
 
@@ -109,17 +109,17 @@ class _BatchNorm(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.track_running_stats = track_running_stats
-        self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
+        self.weight = Parameter(shape=(num_features,), init=draws.ones, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_features,), init=draws.zeros, dtype=dtype) if affine and bias else None
         if not track_running_stats:  # as torch's: no buffers, the batch's statistics in both modes
             self.running_mean = self.running_var = self.num_batches_tracked = None
             return
-        self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
-        self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
+        self.running_mean = Parameter(shape=(num_features,), init=draws.zeros, dtype=dtype, buffer=True)
+        self.running_var = Parameter(shape=(num_features,), init=draws.ones, dtype=dtype, buffer=True)
         # PyTorch's counter, kept so state_dict() keys are PyTorch's; with momentum=None (the
         # cumulative average, factor 1/num_batches_tracked) the BatchNormalization node names it
         # and its count in metadata, and the training graphs step it as optimizer state
-        self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
+        self.num_batches_tracked = Parameter(shape=(), init=draws.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
         x = ops.lift(x)
@@ -170,8 +170,8 @@ class LayerNorm(Module):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape, self.eps = shape, eps
-        self.weight = Parameter(shape=shape, init=init.ones, dtype=dtype) if elementwise_affine else None
-        self.bias = Parameter(shape=shape, init=init.zeros, dtype=dtype) if elementwise_affine and bias else None
+        self.weight = Parameter(shape=shape, init=draws.ones, dtype=dtype) if elementwise_affine else None
+        self.bias = Parameter(shape=shape, init=draws.zeros, dtype=dtype) if elementwise_affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_nn.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

@@ -10,7 +10,7 @@ from graphc.dsl import ops, ops_layers, ops_nn
 from graphc.dsl.batching import batch_of_one
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.layers import BatchNormBase, affine_repr
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
@@ -25,8 +25,8 @@ class GroupNorm(Module):
         if num_channels % num_groups:
             raise CaptureError(f"GroupNorm: num_channels {num_channels} must be divisible by num_groups {num_groups}")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
-        self.weight = Parameter(shape=(num_channels,), init=init.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_channels,), init=init.zeros, dtype=dtype) if affine else None
+        self.weight = Parameter(shape=(num_channels,), init=draws.ones, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_channels,), init=draws.zeros, dtype=dtype) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -49,12 +49,12 @@ class _InstanceNorm(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.track_running_stats = track_running_stats
-        self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
+        self.weight = Parameter(shape=(num_features,), init=draws.ones, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_features,), init=draws.zeros, dtype=dtype) if affine and bias else None
         if track_running_stats:
-            self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
-            self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
-            self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
+            self.running_mean = Parameter(shape=(num_features,), init=draws.zeros, dtype=dtype, buffer=True)
+            self.running_var = Parameter(shape=(num_features,), init=draws.ones, dtype=dtype, buffer=True)
+            self.num_batches_tracked = Parameter(shape=(), init=draws.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(N, C, *spatial)``, or an unbatched ``(C, *spatial)`` as in PyTorch."""
@@ -107,7 +107,7 @@ class RMSNorm(Module):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps = eps
-        self.weight = Parameter(shape=self.normalized_shape, init=init.ones, dtype=dtype) if elementwise_affine \
+        self.weight = Parameter(shape=self.normalized_shape, init=draws.ones, dtype=dtype) if elementwise_affine \
             else None
 
     def forward(self, x: Tensor) -> Tensor:

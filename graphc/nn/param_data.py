@@ -19,7 +19,7 @@ import numpy as np
 
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
-from graphc.nn import init as _init
+from graphc.nn import draws
 
 
 class InPlace:
@@ -81,13 +81,13 @@ class InPlace:
 
     def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Any:
         """N(mean, std), drawn when the module is initialised (``gc.capture``'s seed)."""
-        return self._redraw(self._random(_init.normal(mean, std), "normal_", generator))
+        return self._redraw(self._random(draws.normal(mean, std), "normal_", generator))
 
     def uniform_(self, from_: float = 0.0, to: float = 1.0, *, generator: Any = None) -> Any:
         """U(from_, to), drawn when the module is initialised (``gc.capture``'s seed)."""
-        return self._redraw(self._random(_init.between(from_, to), "uniform_", generator))
+        return self._redraw(self._random(draws.between(from_, to), "uniform_", generator))
 
-    def _random(self, draw: _init.Init, fn: str, generator: Any) -> _init.Init:
+    def _random(self, draw: draws.Init, fn: str, generator: Any) -> draws.Init:
         if generator is not None:
             raise CaptureError(f"{self._where(fn)}: generator= is not taken; graphc draws from gc.capture's seed "
                                f"(or init_parameters(seed))")
@@ -169,7 +169,7 @@ class ParamData(np.ndarray, InPlace):
     def _transform(self, fn: Any) -> "ParamData":
         return self._assign(fn(np.asarray(self)))
 
-    def _redraw(self, draw: _init.Init) -> Any:
+    def _redraw(self, draw: draws.Init) -> Any:
         if not self._owned() or self._index is None:
             raise CaptureError(f"{self._where('a random fill')}: this array is a copy or a reshaped view of the "
                                f"parameter, not a region of it; fill the parameter or a slice of its .data")
@@ -221,7 +221,7 @@ class PendingData(InPlace):
         _remade(self._param, self._index, lambda region, rng: fn(region.copy()))
         return self
 
-    def _redraw(self, draw: _init.Init) -> Any:
+    def _redraw(self, draw: draws.Init) -> Any:
         live = self._live()
         if live is not None:
             return live._redraw(draw)

@@ -14,7 +14,7 @@ from graphc.dsl.ops import detach
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
-from graphc.nn import init as _init
+from graphc.nn import draws
 from graphc.nn.param_data import data_of
 
 
@@ -28,7 +28,7 @@ class Parameter:
     ``gc.detach``: no gradient, not trained."""
 
     def __init__(self, data: Any = None, requires_grad: bool = True, *, shape: Any = None,
-                 init: _init.Init | None = None, dtype: Any = None, buffer: bool = False):
+                 init: draws.Init | None = None, dtype: Any = None, buffer: bool = False):
         self.requires_grad = requires_grad
         self.persistent = True  # in state_dict (``Module.register_buffer(..., persistent=False)``: not)
         if data is not None:
@@ -42,7 +42,7 @@ class Parameter:
             raise CaptureError("gc.nn.Parameter needs data or a shape")
         self.shape = tuple(int(d) for d in shape)
         self.dtype = as_dtype("float32" if dtype is None else dtype)
-        self.init = init or _init.zeros
+        self.init = init or draws.zeros
         self.buffer = buffer
         self._data: np.ndarray | None = data
         self.user_set = data is not None
@@ -86,9 +86,9 @@ class Parameter:
         if not self.user_set:
             self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
 
-    def reinit(self, init: _init.Init) -> None:
+    def reinit(self, init: draws.Init) -> None:
         """Draw from ``init`` when the module is next initialised (``gc.capture``'s seed), forgetting
-        any value held, as torch's ``nn.init.*_`` overwrite the tensor (``graphc.nn.init``)."""
+        any value held, as torch's ``nn.init.*_`` overwrite the tensor (``graphc.nn.draws``)."""
         self.init, self._data, self.user_set = init, None, False
 
     def cast(self, dtype: Any) -> None:

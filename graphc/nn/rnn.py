@@ -15,7 +15,7 @@ from typing import Any
 
 from graphc.dsl import ops
 from graphc.errors import CaptureError
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.ops_nn import dropout
 from graphc.dsl.tensor import Tensor
@@ -33,7 +33,7 @@ def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int
     ``bias``, ``bias_ih{suffix}``, ``bias_hh{suffix} [gates*H]``; with ``proj_size`` P, ``weight_hh`` is
     ``[gates*H, P]`` and ``weight_hr{suffix} [P, H]`` follows: PyTorch's, each U(+-1/sqrt(H))."""
     rows = gates * hidden_size
-    draw = init.uniform(1.0 / math.sqrt(hidden_size))
+    draw = draws.uniform(1.0 / math.sqrt(hidden_size))
     setattr(module, f"weight_ih{suffix}", Parameter(shape=(rows, input_size), init=draw, dtype=dtype))
     setattr(module, f"weight_hh{suffix}", Parameter(shape=(rows, proj_size or hidden_size), init=draw, dtype=dtype))
     if bias:

@@ -8,19 +8,19 @@ from typing import Any
 from graphc.dsl.ops_embedding import MODES, embedding_bag
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import not_default
 
 
-def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, init.Init]:
+def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, draws.Init]:
     """``padding_idx`` made non-negative (refused outside ``[-num_embeddings, num_embeddings)``) and
     PyTorch's embedding init: N(0, 1) with the padding row zeroed."""
     if padding_idx is not None:
         if not -num_embeddings <= padding_idx < num_embeddings:
             raise CaptureError(f"{layer} padding_idx {padding_idx} is outside [-{num_embeddings}, {num_embeddings})")
         padding_idx %= num_embeddings
-    normal = init.normal()
+    normal = draws.normal()
 
     def draw(rng, shape, dt):
         w = normal(rng, shape, dt)

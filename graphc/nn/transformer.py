@@ -15,7 +15,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
-from graphc.nn import init
+from graphc.nn import draws
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.containers import ModuleList
 from graphc.nn.layers import Dropout, LayerNorm, Linear
@@ -201,7 +201,7 @@ class Transformer(Module):
             LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
         for p in self.parameters():
             if len(p.shape) > 1:
-                p.init = init.xavier_uniform()
+                p.init = draws.xavier_uniform()
         self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
