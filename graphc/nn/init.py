@@ -14,6 +14,8 @@ import numpy as np
 
 from graphc.nn import draws
 from graphc.nn.draws import Init, fan_in_out, ones, zeros
+from graphc.nn.param_data import ParamData, PendingData
+from graphc.nn.parameter import Parameter
 
 __all__ = ["calculate_gain", "constant", "constant_", "dirac", "dirac_", "eye", "eye_", "kaiming_normal",
            "kaiming_normal_", "kaiming_uniform", "kaiming_uniform_", "normal", "normal_", "ones", "ones_",
@@ -38,8 +40,8 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
 
 
 def _fill(tensor: Any, init: Init, fn: str, generator: Any = None) -> Any:
-    handle = tensor.data if hasattr(tensor, "reinit") else tensor  # a Parameter, or its .data (or a slice of it)
-    if not hasattr(handle, "_redraw"):
+    handle = tensor.data if isinstance(tensor, Parameter) else tensor  # a Parameter, or its .data (or a slice)
+    if not isinstance(handle, (ParamData, PendingData)):
         raise TypeError(f"nn.init.{fn} takes a gc.nn.Parameter or its .data (a module's weight, read outside a "
                         f"capture), got {type(tensor).__name__}")
     if generator is not None:
