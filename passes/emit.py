@@ -86,6 +86,14 @@ class Emitter:
         self.graph.append(node)
         return tuple(node.outputs) if num_outputs > 1 else node.outputs[0]
 
+    def copy(self, nodes: Sequence[ir.Node], clones: dict[ir.Value, ir.Value]) -> None:
+        """Append a copy of each of ``nodes`` (in order, none holding a subgraph) reading ``clones[v]`` for an
+        input ``v`` in ``clones``; each copy's outputs go into ``clones`` under the original's."""
+        for node in nodes:
+            outs = self.op(node.op_type, *(clones.get(v, v) for v in node.inputs), num_outputs=len(node.outputs),
+                           **{k: a.value for k, a in node.attributes.items()})
+            clones.update(zip(node.outputs, outs if len(node.outputs) > 1 else [outs]))
+
     # -- constants ---------------------------------------------------------------------------
     def const(self, array, dtype: ir.DataType | np.dtype | None = None, hint: str = "const") -> ir.Value:
         """A ``Constant`` holding ``array`` (cast to ``dtype``); equal constants are shared."""

@@ -2,7 +2,8 @@
 bodies and ``gc.cond`` branches, trained by data-parallel workers on a real local Ray cluster, against torch's
 single-process Python loop or ``if`` over the whole batch: each iteration, or the branch taken, renormalises the
 rows the whole batch looks up there (the union of the shards' rows), so 2 workers on uneven shards equal one
-process to 1e-12 in float64. A branch picked from the batch cannot be one process's: refused."""
+process to 1e-12 in float64. A branch picked from the batch, and a cond in a loop's body:
+``test_embedding_max_norm_conds_dp.py``."""
 
 from __future__ import annotations
 
@@ -150,30 +151,6 @@ def _torch_cond_loss(twin, batch):
     i = torch.from_numpy(batch["i"])
     out = twin.fc(twin.emb(i[:, 1]) if twin.fc.bias.sum().item() > GATE else twin.emb(i[:, 0]) * 0.5)
     return torch.nn.functional.mse_loss(out, torch.from_numpy(batch["y"]))
-
-
-@pytest.mark.parametrize("predicate", ["sum", "size"])
-def test_a_lookup_inside_a_cond_branch_picked_from_the_batch_is_refused(predicate):
-    """A predicate read from the batch (its sum, its size) is a shard's on each worker and the whole batch's in
-    one process, which differ in general: refused, naming the param, the batch input and why."""
-    net = _Net(tied=True)
-    net.forward = lambda i: net.fc(gc.cond((i.sum() - 3 if predicate == "sum" else i.shape[0] - 3) > 0,
-                                           lambda: net.emb(i[:, 1]), lambda: net.emb(i[:, 0]) * 0.0))
-    with pytest.raises(ArtifactsError, match=r"the embedding of 'emb.weight' with max_norm at .* renormalises rows in "
-                                             r"a gc.cond branch .*whose predicate reads the batch \(\['i'\]\): each "
-                                             r"worker computes the predicate from its own shard, one process from the "
-                                             r"whole batch.*train with one worker"):
-        gc.Trainer(_artifacts(net, "sgd"), workers=2)
-
-
-def test_a_lookup_inside_a_cond_in_a_loop_body_stays_refused():
-    """A cond nested in a gc.fori_loop body: refused, naming the nesting."""
-    net = _Net(tied=True)
-    net.forward = lambda i: net.fc(gc.fori_loop(0, STEPS, lambda k, a: a + gc.cond(
-        net.fc.bias.sum() > 0, lambda: net.emb(i[:, k]), lambda: a * 0.0), net.emb(i[:, 0]) * 0.0))
-    with pytest.raises(ArtifactsError, match=r"renormalises rows inside a body nested in another .*not yet in a "
-                                             r"nested one; train with one worker"):
-        gc.Trainer(_artifacts(net, "sgd"), workers=2)
 
 
 def test_the_rows_graph_keeps_a_carried_value_only_a_nested_cond_reads_through_a_body_value():

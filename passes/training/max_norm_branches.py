@@ -1,14 +1,16 @@
-"""Data-parallel workers' graphs for an embedding with ``max_norm`` looked up inside a ``gc.cond`` branch of the
-main graph: the branch, when it runs, renormalises the rows the whole batch looks up there, as torch's Python
-``if`` over the whole batch does; a branch not taken renormalises nothing.
+"""Data-parallel workers' graphs for an embedding with ``max_norm`` looked up inside a ``gc.cond`` branch (of the
+main graph, or of a loop's body: ``max_norm_steps``): the branch, when it runs, renormalises the rows the whole
+batch looks up there, as torch's Python ``if`` over the whole batch does; a branch not taken renormalises nothing.
 
 That is one process's step only where every worker takes the branch one process takes on the whole batch. A
 predicate that reads no batch input (a param, a constant) is the same on every worker and on the whole batch (the
-workers hold the same params, renormalised rows included); one that reads the batch is computed by each worker
-from its own shard, and a shard's (its sum, its size) is not the whole batch's in general, so a worker's forward
-itself is not one process's: ``refuse_batch_predicate``. The rows graph computes each branch write-back's flat
-indices whether or not the branch runs (``hoist``), the workers take their union, and the branch, where it runs,
-renormalises and writes back those rows (``max_norm_shards``).
+workers hold the same params, renormalised rows included). One that reads the batch (its sum, its size) would be
+each worker's shard's, not the whole batch's, so each worker computes it from the whole batch instead
+(``whole_batch``): the rows graph also outputs the batch inputs it reads (``<input>.whole``), the workers
+concatenate the shards' in rank order (the whole batch, as one process holds it), and the predicate's nodes that
+depend on the batch are copied to read them. The rows graph computes each branch write-back's flat indices whether
+or not the branch runs (``hoist``), the workers take their union, and the branch, where it runs, renormalises and
+writes back those rows (``max_norm_shards``).
 """
 
 from __future__ import annotations
@@ -16,26 +18,60 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import onnx_ir as ir
-from graphc.passes.values import MAX_NORM_KEY, needed_values
+from graphc.passes.emit import Emitter
+from graphc.passes.values import MAX_NORM_KEY, ancestors, needed_values, subgraph_reads, subgraphs
 
 from graphc.errors import ArtifactsError
 
-__all__ = ["hoist", "refuse_batch_predicate"]
+__all__ = ["WHOLE", "batch_read", "hoist", "where", "whole_batch"]
+
+WHOLE = ".whole"  # a batch input, every shard's rows in rank order: ``<input>.whole``
 
 
-def refuse_batch_predicate(graph: ir.Graph, node: ir.Node, written: Sequence[ir.Node], data: Collection[str]) -> None:
-    """An ArtifactsError where the predicate of the If ``node`` (of ``graph``, the main graph), whose branches make
-    the write-backs ``written``, reads any of the batch inputs ``data`` (directly or through a body)."""
-    read = sorted(v.name for v in needed_values(graph, [node.inputs[0]])[0] if v.name in data and v in graph.inputs)
-    if read:
-        param, _, at = next(use.metadata_props[MAX_NORM_KEY] for s in written for use, _ in s.outputs[0].uses()
-                            if MAX_NORM_KEY in use.metadata_props).partition(" at ")
-        raise ArtifactsError(
-            f"the embedding of {param!r} with max_norm at {at} renormalises rows in a gc.cond branch (node "
-            f"{node.name!r}) whose predicate reads the batch ({read}): each worker computes the predicate from its "
-            "own shard, one process from the whole batch, and the two differ in general (a shard's sum or size is "
-            "not the batch's), so a worker cannot take the branch, nor renormalise the rows, one process would; "
-            "make the predicate read no batch input (a param, a constant) or train with one worker")
+def batch_read(graph: ir.Graph, values: Sequence[ir.Value], data: Collection[str]) -> list[ir.Value]:
+    """The inputs of ``graph`` among the batch inputs ``data`` that ``values`` are computed from (through bodies too)."""
+    needed = needed_values(graph, values)[0]
+    return [v for v in graph.inputs if v.name in data and v in needed]
+
+
+def where(written: Sequence[ir.Node]) -> tuple[str, str]:
+    """The param and the DSL line of the first lookup whose write-backs are among ``written``."""
+    param, _, at = next(use.metadata_props[MAX_NORM_KEY] for s in written for use, _ in s.outputs[0].uses()
+                        if MAX_NORM_KEY in use.metadata_props).partition(" at ")
+    return param, at
+
+
+def whole_batch(graph: ir.Graph, e: Emitter, branches: dict[ir.Node, list[ir.Node]], data: Collection[str]) -> None:
+    """Each If of ``branches`` (``graph``'s, the main graph, sorted; its branches' write-backs) whose predicate reads
+    batch inputs among ``data`` made to compute it from the whole batch's: a new input ``<input>.whole`` for each
+    input read ([whole batch, ...]), the predicate's nodes that depend on it copied (``e``) to read that instead,
+    and every reader of the predicate reading the copy.
+    An ArtifactsError where those nodes hold a control-flow body."""
+    clones: dict[ir.Value, ir.Value] = {}
+    for node, written in branches.items():
+        read = batch_read(graph, [node.inputs[0]], data)
+        for v in (v for v in read if v not in clones):
+            whole = ir.Value(name=f"{v.name}{WHOLE}", type=v.type, shape=ir.Shape([f"{v.name}{WHOLE}_rows", *v.shape[1:]]))
+            graph.inputs.append(whole)
+            clones[v] = whole
+        cone, after = ancestors([node.inputs[0]]), set(read)
+        copied = []
+        for n in graph:
+            if n in cone and any(v in after for v in [*n.inputs, *subgraph_reads(n)]):
+                after.update(n.outputs)
+                copied.append(n)
+        held = [n.name for n in copied if subgraphs(n)]
+        if held:
+            param, at = where(written)
+            raise ArtifactsError(
+                f"the embedding of {param!r} with max_norm at {at} renormalises rows in a gc.cond branch (node "
+                f"{node.name!r}) whose predicate reads the batch ({[v.name for v in read]}) through a control-flow node "
+                f"({held}): the workers compute such a predicate from the whole batch by copying the nodes between, "
+                "not yet a gc.cond/gc.fori_loop/gc.while_loop/gc.scan among them; compute the predicate without one, "
+                "make it read no batch input (a param, a constant) or train with one worker")
+        e.copy([n for n in copied if n.outputs[0] not in clones], clones)
+        if read:  # the gradients' If (the branch's backward) reads it too
+            ir.convenience.replace_all_uses_with(node.inputs[0], clones[node.inputs[0]])
 
 
 def hoist(graph: ir.Graph, branches: dict[str, list[str]]) -> list[ir.Value]:

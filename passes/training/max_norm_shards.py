@@ -7,8 +7,9 @@ worker runs ``rows`` on its shard (the flat indices each write-back scatters at,
 workers take the union of every shard's (``numpy.unique``), and ``gradients`` renormalises and writes
 back exactly those rows at each write-back: a tied layer, a later lookup and the update then read the
 weight one process holds, bit for bit, and ``<param>.renormed`` gives the value train_step steps from.
-A write-back inside a Loop's or Scan's body is made per iteration at that iteration's union
-(``max_norm_steps``); one inside an If's branch, where the branch runs (``max_norm_branches``).
+A write-back inside a Loop's or Scan's body (or an If's branch there) is made per iteration at that
+iteration's union (``max_norm_steps``); one inside an If's branch, where the branch runs, the predicate
+computed from the whole batch (``max_norm_branches``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     shards' rows (the module's docstring); ``renormed``: also output each param's last value as
     ``<param>.renormed``. ``data``: the inputs a shard holds; an ArtifactsError for a write-back whose
     indices read anything else (a param: the workers cannot agree on the rows before the forward), that a
-    body nested in another makes, or that an If's branch makes where its predicate reads ``data``."""
+    body nested in another makes (but an If's branch in a loop's body, whose predicate reads no ``data``), or
+    that an If's branch makes where its predicate reads ``data`` through a control-flow node."""
     model = model.clone()
     graph, opset = model.graph, onnx_opset(model, 0)
     last = max_norm.renormed(graph, opset, params)  # writes back what capture dropped
@@ -52,8 +54,9 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     _refuse_mapped(graph, params, bodies)
     loops = {n: written for n, written in bodies.items() if n.op_type != "If"}
     branches = {n: written for n, written in bodies.items() if n.op_type == "If"}
-    for node, written in branches.items():
-        max_norm_branches.refuse_batch_predicate(graph, node, written, data)
+    for node, written in loops.items():
+        max_norm_steps.refuse_batch_predicates(graph, node, written, data)
+    whole = sorted({v.name for n in branches for v in max_norm_branches.batch_read(graph, [n.inputs[0]], data)})
     scatters = [n for n in graph if n.op_type == "ScatterND" and _written(n, params)]
     rows = model.clone()
     flat = {n.name: n.inputs[1].name for n in scatters}
@@ -63,6 +66,8 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     rows.graph.outputs.extend(max_norm_branches.hoist(rows.graph, _names(branches)))
     for out in rows.graph.outputs:  # [indices, 1] int64 (a body's: [steps, indices, 1]): Reshape gives no shape
         out.shape = out.shape or ir.Shape([None, None, 1] if out.name.endswith(max_norm_steps.STEPS) else [None, 1])
+    for name in whole:  # the batch inputs a branch's predicate reads, for the workers to concatenate
+        expose(rows.graph, by_name(rows.graph, name), f"{name}{max_norm_branches.WHOLE}", like=by_name(rows.graph, name))
     _prune(rows.graph)
     RemoveUnusedNodesPass()(rows)  # in the bodies
     _keep_inputs(rows.graph, data)
@@ -74,6 +79,8 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
             max_norm_steps.at_union(graph, e, node, scatter, _made_at)
     for scatter in (s for written in branches.values() for s in written):
         _at_union(graph, Emitter(scatter.graph, opset, e.scope, names=e._names), scatter, scatter.inputs[1].name)
+    graph.sort()
+    max_norm_branches.whole_batch(graph, e, branches, data)
     if renormed:
         for param, name in last.items():
             expose(graph, by_name(graph, name), f"{param}{RENORMED}", like=by_name(graph, param))
@@ -100,14 +107,15 @@ def _refuse_mapped(graph: ir.Graph, params: Sequence[str], loops: Collection[ir.
 
 def _source(value: ir.Value) -> ir.Node | None:
     """The node that makes the weight ``value``: through plain Identities, and through a straight-through
-    sum ``new + (w - detach(w))`` whose ``new`` scatters rows into a 2-D table or is an If's 2-D output (an
-    unrolled loop's last weight is one; a gc.vmap body's stack of tables is 3-D)."""
+    sum ``new + (w - detach(w))`` whose ``new`` scatters rows into a 2-D table, is an If's 2-D output (an
+    unrolled loop's last weight is one; a gc.vmap body's stack of tables is 3-D) or another such sum, through
+    Identities (a gc.cond's in an unrolled loop's body)."""
     node = value.producer()
     while node is not None and node.op_type in ("Identity", "Add") and node.inputs[0].producer() is not None:
         new = node.inputs[0].producer()
         if node.op_type == "Identity" and MAX_NORM_KEY in node.metadata_props:
             shape = node.inputs[0].shape
-            if new.op_type not in ("ScatterND", "If") or shape is None or len(shape) != 2:
+            if new.op_type not in ("ScatterND", "If", "Add", "Identity") or shape is None or len(shape) != 2:
                 break
         elif node.op_type == "Add" and MAX_NORM_KEY not in new.metadata_props:
             break
@@ -168,11 +176,7 @@ def _made_at(e: Emitter, scatter: ir.Node, union: ir.Value) -> None:
     read = e.op("Reshape", union, e.ints([-1] + [1] * (len(indices.shape) - 1)))  # its rank, for the axes
     read = read if indices.dtype == ir.DataType.INT64 else e.op("Cast", read, to=indices.dtype)
     clones = {indices: read}
-    for node in _between(scatter.graph, indices, scaled):
-        outs = e.op(node.op_type, *(clones.get(v, v) for v in node.inputs), num_outputs=len(node.outputs),
-                    **{k: a.value for k, a in node.attributes.items()})
-        for old, new in zip(node.outputs, outs if len(node.outputs) > 1 else [outs]):
-            clones[old] = new
+    e.copy(_between(scatter.graph, indices, scaled), clones)
     scatter.replace_input_with(1, e.op("Unsqueeze", union, e.ints([1])))
     scatter.replace_input_with(2, e.op("Reshape", clones[scaled], rows.producer().inputs[1]))
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from graphc.errors import ArtifactsError
+from graphc.passes.training.max_norm_branches import WHOLE
 from graphc.passes.training.max_norm_shards import RENORMED, sharded
 from graphc.passes.training.max_norm_steps import STEPS
 
@@ -43,10 +44,12 @@ def worker_graphs(graphs: Mapping, manifest) -> dict:
 
 def union(shards: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Each write-back's rows over every shard that has any (``shards``: the workers' ``renorm_rows``
-    outputs, an empty dict for an empty shard), sorted, each row once: the same on every worker. A loop
-    body's (``<flat>.steps``) per iteration (``_steps``)."""
+    outputs in rank order, an empty dict for an empty shard), sorted, each row once: the same on every
+    worker. A loop body's (``<flat>.steps``) per iteration (``_steps``); a batch input a gc.cond's predicate
+    reads (``<input>.whole``), the shards' joined in rank order: the whole batch."""
     given = [s for s in shards if s]
     return {name: _steps(name, [s[name] for s in given]) if name.endswith(STEPS)
+            else np.concatenate([s[name] for s in given]) if name.endswith(WHOLE)
             else np.unique(np.concatenate([s[name].reshape(-1) for s in given])) for name in given[0]}
 
 

@@ -112,7 +112,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = role_specs(eval_inputs, BATCH_ROLES)
         self._split_rows()
-        warn_mixed_rows(a.eval, self.manifest, self._rows, workers)
+        warn_mixed_rows(graphs["eval"], self.manifest, self._rows, workers)  # as the workers run it
         self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
         self._later: dict[str, np.ndarray] = {}  # carried tensors to set once the pending update is applied
