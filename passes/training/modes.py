@@ -347,8 +347,8 @@ def _dropout_with_noise(b: Emitter, graph: ir.Graph, node: ir.Node, noise: list[
     # which value the noise must match in shape, for a caller that cannot bind its dims
     keep.producer().metadata_props[DROPOUT_INPUT_KEY] = b.name_value(x).name
     keep_x = b.op("Cast", keep, to=x.dtype) if x.dtype is not None else b.op("CastLike", keep, x)
-    if fixed is not None:
-        scale = b.scalar(1.0 / (1.0 - fixed), x)
+    if fixed is not None:  # ratio 1 keeps nothing: zeros, as torch's Dropout(p=1)
+        scale = b.scalar(1.0 / (1.0 - fixed) if fixed < 1.0 else 0.0, x)
     else:
         one = b.scalar(1.0, x)
         scale = b.op("Div", one, b.op("Sub", one, b.op("CastLike", ratio, x)))
