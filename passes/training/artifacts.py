@@ -44,7 +44,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
-from graphc.passes.training import guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
+from graphc.passes.training import buffer_mutations, guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
 from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
 from graphc.passes.training import recompute as recomputation
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
@@ -300,12 +300,11 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 
 
 def _prepare(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` at opset >= 17, weights in initializers (and not graph inputs, as
-    IR < 4 exports list them: training graphs re-expose the trainable ones), shared weights that
-    constant folding copied computed again from the weight (``imports.retie_folded_copies``),
-    params an export merged for their equal values apart again (``imports.untie_merged_params``),
-    torch's ``detach`` a stop-gradient (``imports.mark_detached``), each BatchNorm's running
-    statistics its own (``modes.own_batchnorm_stats``), shapes inferred."""
+    """A copy of ``model`` at opset >= 17, weights in initializers (not graph inputs, as IR < 4 exports
+    list them), shared weights that constant folding copied computed again from the weight
+    (``imports.retie_folded_copies``), params an export merged for equal values apart again
+    (``imports.untie_merged_params``), torch's ``detach`` a stop-gradient (``imports.mark_detached``), a dynamo
+    export's buffer mutations buffer writes (``buffer_mutations``), BatchNorm statistics own, shapes inferred."""
     opset = onnx_opset(model, 0)
     base = _upgrade(model, opset) if opset < MIN_OPSET else model.clone()
     RemoveInitializersFromInputsPass()(base)
@@ -313,6 +312,7 @@ def _prepare(model: ir.Model) -> ir.Model:
     imports.retie_folded_copies(base)
     imports.untie_merged_params(base)
     imports.mark_detached(base)
+    buffer_mutations.mark_buffer_mutations(base)
     modes.own_batchnorm_stats(base.graph)
     _infer_shapes(base)
     if fold_integer_values(base):  # exporters' computed pads/shapes: static shapes downstream
