@@ -258,7 +258,7 @@ def test_unknown_routes_and_methods(http):
     check(http, http.get("/v3/anything"), 404, "no endpoint GET /v3/anything: the server's routes are under /v2")
     # a browser's first look: it said "(a trailing slash is not redirected: )", a fix that names no path
     check(http, http.get("/"), 404, "no endpoint GET /: the server's routes are under /v2 (GET /openapi.json lists them)")
-    check(http, http.get("/v2/models/mixed/infer"), 405, "Method Not Allowed")
+    check(http, http.get("/v2/models/mixed/infer"), 405, "method GET is not allowed on /v2/models/mixed/infer; it takes POST")
 
 
 def test_empty_outputs_list_means_every_output(http):

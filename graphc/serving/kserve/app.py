@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from graphc.errors import GraphcError, ModelLoadError, first_few
 from graphc.serving.kserve import schemas
+from graphc.serving.kserve.extensions import SUPPORTED, route_extension, unsupported_message
 from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
                                          DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TENSOR_BYTES,
                                          DEFAULT_REQUEST_TIMEOUT, INFER_PATH, Limits, error_reply, forget, handle_infer,
@@ -181,7 +182,11 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def _no_endpoint(method: str, path: str) -> str:
     """The 404 for a path no route takes, with the likely fix: the path without its trailing
-    slash, or, off ``/v2`` (a browser's ``GET /``), where the routes are."""
+    slash, the Triton extension the path belongs to, or, off ``/v2`` (a browser's ``GET /``), where the
+    routes are."""
+    extension = route_extension(path)
+    if extension is not None:
+        return f"no endpoint {method} {path}: {unsupported_message(extension)}"
     if path.startswith("/v2/") and path.endswith("/"):
         return f"no endpoint {method} {path} (a trailing slash is not redirected: {path.rstrip('/')})"
     if path == "/v2" or path.startswith("/v2/"):
@@ -195,13 +200,16 @@ _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        message = str(exc.detail)
+        message, allow = str(exc.detail), None
         if exc.status_code == 404 and message == "Not Found":  # the router's: no route for the path
             message = _no_endpoint(request.method, request.url.path)
-        reply = _error(exc.status_code, message)
         if exc.headers and "Allow" in exc.headers:  # a 405 must say what is allowed (RFC 9110, 15.5.6)
             methods = set(exc.headers["Allow"].split(", "))
-            reply.headers["Allow"] = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+            allow = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+            message = f"method {request.method} is not allowed on {request.url.path}; it takes {allow}"
+        reply = _error(exc.status_code, message)
+        if allow is not None:
+            reply.headers["Allow"] = allow
         return reply
 
     @app.exception_handler(RequestValidationError)
@@ -244,7 +252,7 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
 
     @app.get("/v2", response_model=schemas.ServerMetadata)
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "graphc", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return {"name": "graphc", "version": __version__, "extensions": list(SUPPORTED)}
 
     @app.post("/v2/repository/index", response_model=list[schemas.RepositoryEntry])
     async def repository_index() -> list[dict[str, str]]:

@@ -10,15 +10,19 @@ so a malformed multi-megabyte request costs one error, not one per element.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import ml_dtypes
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, create_model
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter,
+                      create_model)
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
 from graphc.model.dtypes import to_numpy
+from graphc.serving.kserve import extensions
 
 # KServe datatype <-> graphc dtype name: every numeric type the protocol has. BYTES (strings)
 # is not served (a model with a string input or output is refused when the server loads it).
@@ -48,22 +52,42 @@ class _Message(BaseModel):
 
 
 class _Parameters(BaseModel):
-    """Protocol parameters: the known ones are typed, others are allowed and ignored."""
+    """Protocol parameters: the known ones are typed, those of Triton extensions this server does
+    not implement are refused (any value, null too), others are allowed and ignored."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
 
-class InputParameters(_Parameters):
+def _refuse(extension: str, _value: Any) -> Any:
+    raise PydanticCustomError("unsupported_parameter", "{why}; leave the parameter out",
+                              {"why": extensions.unsupported_message(extension)})
+
+
+def _with_refused(model: type[_Parameters], refused: dict[str, str]) -> type[_Parameters]:
+    """``model`` plus a field per parameter of ``refused`` (name -> its extension) that fails validation."""
+    fields: dict[str, Any] = {
+        name: (Annotated[Any, AfterValidator(functools.partial(_refuse, extension))],
+               Field(None, description=f"Triton's {extension} extension: not implemented, refused."))
+        for name, extension in refused.items()}
+    return create_model(model.__name__.lstrip("_"), __base__=model, __doc__=model.__doc__, **fields)
+
+
+class _InputParameters(_Parameters):
     binary_data_size: Annotated[StrictInt, Field(ge=0)] | None = Field(
         None, description="Bytes of this tensor in the binary section after the JSON header.")
 
 
-class OutputParameters(_Parameters):
+class _OutputParameters(_Parameters):
     binary_data: StrictBool | None = Field(None, description="Return this output as raw bytes.")
 
 
-class RequestParameters(_Parameters):
+class _RequestParameters(_Parameters):
     binary_data_output: StrictBool | None = Field(None, description="Default for every output's binary_data.")
+
+
+InputParameters = _with_refused(_InputParameters, extensions.INPUT_PARAMETERS)
+OutputParameters = _with_refused(_OutputParameters, extensions.OUTPUT_PARAMETERS)
+RequestParameters = _with_refused(_RequestParameters, extensions.REQUEST_PARAMETERS)
 
 
 def _element(datatype: str) -> Any:
