@@ -2,18 +2,22 @@
 tritonclient.http and raw HTTP, and what it found: a parameter of a Triton extension the server does
 not implement (an output's ``classification``, a request's ``sequence_id``, ``priority``, ``timeout``,
 shared memory) was ignored and the plain answer sent, the server metadata listed one of the two
-extensions it has, a Triton extension's route and a 405 did not say what was wrong."""
+extensions it has, a Triton extension's route and a 405 did not say what was wrong, and a shape no
+array can have got numpy's reshape message."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 
 import httpx
 import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.serving.kserve.protocol import MAX_EXTENT, ProtocolError, decode_request
 from serve_util import serve_process
 from trainer_models import blobs, bn_artifacts
 
@@ -214,3 +218,59 @@ def test_a_405_names_the_method_the_path_and_what_it_takes(http, method, path, a
     reply = http.request(method, path)
     assert reply.status_code == 405 and reply.headers["allow"] == allow, reply.headers
     assert reply.json() == {"error": f"method {method} is not allowed on {path}; it takes {allow}"}
+
+
+# -- shapes no array can have ---------------------------------------------------------------------
+
+def _extent_message(shape: list[int], datatype: str, itemsize: int) -> str:
+    extent = math.prod(d or 1 for d in shape) * itemsize
+    return (f"input 'x': shape {shape} of {datatype} spans {extent} bytes (its nonzero dims times {itemsize}), "
+            f"past the limit of {MAX_EXTENT} bytes (numpy's, 2**63 - 1) that holds for an empty tensor too")
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_an_empty_tensor_too_large_to_make_names_input_shape_and_limit(http, binary):
+    """[2**32, 2**32, 0] got ``cannot reshape array of size 0 into shape (4294967296,4294967296,0)``."""
+    shape = [2**32, 2**32, 0]
+    if binary:
+        head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": shape,
+                                       "parameters": {"binary_data_size": 0}}]}).encode()
+        reply = http.post("/v2/models/blobs/infer", content=head,
+                          headers={"Inference-Header-Content-Length": str(len(head))})
+    else:
+        reply = http.post("/v2/models/blobs/infer",
+                          json={"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": []}]})
+    assert reply.status_code == 400 and reply.json()["error"] == _extent_message(shape, "FP32", 4), reply.text
+    # a quarter of it can be made, and is refused by the model for its dims, not by the decoder
+    reply = http.post("/v2/models/blobs/infer",
+                      json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2**60, 0], "data": []}]})
+    assert reply.status_code == 400 and "got float32[1,1152921504606846976,0]" in reply.json()["error"], reply.text
+
+
+DIMS = [0, 1, 3, 2**31, 2**32 + 1, 2**61, 2**62, 2**63 - 1]
+
+
+@pytest.mark.parametrize("datatype, itemsize", [("INT8", 1), ("FP16", 2), ("FP32", 4), ("FP64", 8)])
+def test_the_shape_check_refuses_exactly_what_numpy_cannot_make(datatype, itemsize):
+    """Every empty shape of up to 3 dims from ``DIMS``: decoded exactly when numpy makes it, else
+    the message naming the limit (never numpy's ValueError, which the decoder no longer catches)."""
+    for rank in (1, 2, 3):
+        for shape in itertools.product(DIMS, repeat=rank):
+            if 0 not in shape:
+                continue
+            body = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": []}]})
+            try:
+                np.zeros(0, np.dtype(datatype.lower().replace("fp", "float"))).reshape(shape)
+            except ValueError:
+                with pytest.raises(ProtocolError) as info:
+                    decode_request(body.encode(), None)
+                assert str(info.value) == _extent_message(list(shape), datatype, itemsize)
+            else:
+                assert decode_request(body.encode(), None).inputs["x"].shape == shape
+
+
+def test_too_many_dims_names_the_limit():
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 65, "data": [1.0]}]})
+    with pytest.raises(ProtocolError, match=r"input 'x': shape \[1, .*, 1\] has 65 dims, more than the limit of "
+                                            r"64 \(numpy's\)$"):
+        decode_request(body.encode(), None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 # numpy's limit on dims (NPY_MAXDIMS), where discovery starts.
-_MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 
 
 class Ragged:
@@ -25,7 +25,7 @@ class _Discovery:
     length or depth differed from the first's."""
 
     def __init__(self):
-        self.ndim, self.shape, self.reached, self.ragged = _MAX_DIMS, [0] * _MAX_DIMS, False, False
+        self.ndim, self.shape, self.reached, self.ragged = MAX_DIMS, [0] * MAX_DIMS, False, False
 
     def update(self, depth: int, size: int | None) -> bool:
         """A list of ``size`` items (None: an element) met at ``depth``."""

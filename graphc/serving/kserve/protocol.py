@@ -18,6 +18,7 @@ import numpy as np
 
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.serving.kserve import flat_data, json_slices
+from graphc.serving.kserve.nested_shape import MAX_DIMS
 from graphc.serving.kserve.request_errors import validate_header
 from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
@@ -114,18 +115,32 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
     return parsed
 
 
-def _shaped(item: Any, array: np.ndarray) -> np.ndarray:
-    """``array`` reshaped to the input's shape; numpy's refusal (too many or too large dims) is a 400."""
-    try:
-        return array.reshape(item.shape)
-    except ValueError as exc:
-        message = f"input {item.name!r}: shape {item.shape} cannot be made: {exc}"
+# numpy's limit on an array's extent in bytes: its nonzero dims' product times its item size, for an
+# empty array too (so [2**32, 2**32, 0] holds no element and still cannot be made).
+MAX_EXTENT = int(np.iinfo(np.intp).max)
+
+
+def _check_shape(item: Any, dtype: np.dtype) -> None:
+    """Refuse a shape no array can have, naming the input, its shape and the limit it passes: numpy's
+    refusal quoted a reshape (``cannot reshape array of size 0 into shape ...``)."""
+    if len(item.shape) > MAX_DIMS:
+        message = (f"input {item.name!r}: shape {item.shape} has {len(item.shape)} dims, more than the limit of "
+                   f"{MAX_DIMS} (numpy's)")
+    else:
+        extent = math.prod(dim or 1 for dim in item.shape) * dtype.itemsize
+        if extent <= MAX_EXTENT:
+            return
+        message = (f"input {item.name!r}: shape {item.shape} of {item.datatype} spans {extent} bytes (its nonzero "
+                   f"dims times {dtype.itemsize}), past the limit of {MAX_EXTENT} bytes (numpy's, 2**63 - 1) that "
+                   "holds for an empty tensor too")
     raise ProtocolError(message)
 
 
 def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
-    """One input tensor, from the binary section at ``offset`` or from its JSON ``data``."""
+    """One input tensor, from the binary section at ``offset`` or from its JSON ``data`` (its shape checked
+    first: the reshape at the end cannot fail)."""
     dtype = _WIRE[item.datatype]
+    _check_shape(item, dtype)
     count = math.prod(item.shape)
     size = item.parameters.binary_data_size if item.parameters is not None else None
     if size is not None:
@@ -140,10 +155,10 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[np.ndarra
         raw = binary[offset:offset + size]
         if dtype == np.bool_:
             _check_bools(item.name, raw)
-        return _shaped(item, np.frombuffer(raw, dtype=dtype)), offset + size
+        return np.frombuffer(raw, dtype=dtype).reshape(item.shape), offset + size
     if item.data is None:
         raise ProtocolError(f"input {item.name!r} has neither 'data' nor parameters.binary_data_size")
-    return _shaped(item, _json_array(item, dtype, count)), offset
+    return _json_array(item, dtype, count).reshape(item.shape), offset
 
 
 def _check_bools(name: str, raw: memoryview) -> None:
