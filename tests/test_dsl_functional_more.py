@@ -107,7 +107,7 @@ def test_from_pretrained_frozen_is_not_trained():
     arts = _train(net, twin)
     assert arts.manifest.frozen == ["emb.weight"] and net.emb.weight.dtype == "float64"
     trainable = gc.nn.Embedding.from_pretrained(pre.astype(np.float32), freeze=False)
-    assert not trainable.freeze and trainable.weight.dtype == "float32"
+    assert trainable.weight.requires_grad and trainable.weight.dtype == "float32"
     with pytest.raises(gc.CaptureError, match=r"from_pretrained embeddings: expected a 2-D array, got shape \[6\]"):
         gc.nn.Embedding.from_pretrained(np.ones(6))
 

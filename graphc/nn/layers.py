@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from graphc.dsl import ops, ops_nn
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into
@@ -13,14 +11,13 @@ from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
-from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import draws
 from graphc.nn.activation import AlongDim, InPlace
 from graphc.nn.dropout import DropoutLayer
 from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import not_default
-from graphc.nn.sparse import padding_row_init
+from graphc.nn.sparse import embedding_weight, padding_row_init, pretrained
 from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 
@@ -198,29 +195,19 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.max_norm, self.norm_type = max_norm, norm_type
         self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
-        if _weight is None:
-            self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
-        else:
-            self.weight = _given_weight(_weight, (num_embeddings, embedding_dim), dtype)
-        self.freeze = _freeze
+        self.weight = embedding_weight("Embedding", (num_embeddings, embedding_dim), draw, _weight, dtype)
+        self.weight.requires_grad_(not _freeze)
 
     @classmethod
     def from_pretrained(cls, embeddings: Any, freeze: bool = True, padding_idx: int | None = None,
                         max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                         sparse: bool = False) -> "Embedding":
-        """``torch.nn.Embedding.from_pretrained``: the 2-D ``embeddings`` as the weight (its dtype kept),
-        not trained when ``freeze`` (read through ``gc.detach``: no gradient, so no optimizer step, as
-        torch's ``requires_grad=False``)."""
-        shape = np.shape(embeddings)
-        if len(shape) != 2:
-            raise CaptureError(f"Embedding.from_pretrained embeddings: expected a 2-D array, got shape {list(shape)}")
-        return cls(*shape, padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
-                   scale_grad_by_freq=scale_grad_by_freq, sparse=sparse, _weight=embeddings, _freeze=freeze,
-                   dtype=np.asarray(embeddings).dtype.name)
+        """``torch.nn.Embedding.from_pretrained`` (``pretrained``)."""
+        return pretrained(cls, embeddings, freeze, padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
+                          scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
 
     def forward(self, indices: Tensor) -> Tensor:
-        weight = ops.detach(self.weight) if self.freeze else self.weight
-        return ops_nn.embedding(indices, weight, self.padding_idx, self.max_norm, self.norm_type,
+        return ops_nn.embedding(indices, self.weight, self.padding_idx, self.max_norm, self.norm_type,
                                 self.scale_grad_by_freq, self.sparse)
 
     def extra_repr(self) -> str:
@@ -232,15 +219,6 @@ class Embedding(Module):
 def affine_repr(norm: Module) -> str:
     """torch's ``affine=..., bias=...`` of a norm layer's ``extra_repr``: whether it has a weight, a bias."""
     return f"affine={norm.weight is not None}, bias={norm.bias is not None}"
-
-
-def _given_weight(weight: Any, shape: tuple[int, int], dtype: Any) -> Parameter:
-    """``_weight`` (torch's argument) as the Parameter, refused unless ``[num_embeddings, embedding_dim]``; in
-    its dtype, float64 float32 unless ``dtype`` says (``Parameter``'s rule)."""
-    if tuple(np.shape(weight)) != shape:
-        raise CaptureError(f"Embedding _weight: expected shape {list(shape)} ([num_embeddings, embedding_dim]), "
-                           f"got {list(np.shape(weight))}")
-    return Parameter(np.asarray(weight), dtype=dtype)
 
 
 class ReLU(InPlace):

@@ -23,8 +23,8 @@ class Parameter:
 
     Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
     array (numpy's default, which torch's float32 default would not give) is float32, so a float32
-    model is not made float64 by an array; a ``gc.Tensor`` computed outside a capture keeps its dtype;
-    float32 without ``data``. ``requires_grad=False`` (torch's frozen parameter) is read through
+    model is not made float64 by an array; a ``gc.Tensor`` computed outside a capture or a Parameter keeps its
+    dtype; float32 without ``data``. ``requires_grad=False`` (torch's frozen parameter) is read through
     ``gc.detach``: no gradient, not trained."""
 
     def __init__(self, data: Any = None, requires_grad: bool = True, *, shape: Any = None,
@@ -32,7 +32,7 @@ class Parameter:
         self.requires_grad = requires_grad
         self.persistent = True  # in state_dict (``Module.register_buffer(..., persistent=False)``: not)
         if data is not None:
-            dtype = data.dtype if dtype is None and isinstance(data, Tensor) else dtype
+            dtype = data.dtype if dtype is None and isinstance(data, (Tensor, Parameter)) else dtype
             data = np.asarray(data)
             if dtype is None:
                 dtype = "float32" if data.dtype == np.float64 else data.dtype
@@ -66,6 +66,10 @@ class Parameter:
     def drawn(self) -> bool:
         """Whether a value is held (drawn, loaded or set); ``.data`` reads values only then."""
         return self._data is not None
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """The value (``np.asarray(param)``), so a Parameter goes where an array does, as a torch one."""
+        return np.array(self.numpy(), dtype=dtype, copy=copy)
 
     def size(self, dim: int | None = None) -> Any:
         """torch's ``size()``: the shape, or its ``dim`` entry."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl.ops_embedding import MODES, embedding_bag
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -30,15 +32,45 @@ def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -
     return padding_idx, draw
 
 
+def embedding_weight(layer: str, shape: tuple[int, int], draw: init.Init, weight: Any, dtype: Any) -> Parameter:
+    """An embedding layer's ``weight``: drawn by ``draw`` (``padding_row_init``'s), or torch's ``_weight`` (an
+    array, ``gc.Tensor`` or Parameter, refused unless ``[num_embeddings, embedding_dim]``) in its dtype, a float64
+    array's float32 unless ``dtype`` says (``Parameter``'s rule)."""
+    if weight is None:
+        return Parameter(shape=shape, init=draw, dtype=dtype)
+    if _shape(weight) != shape:
+        raise CaptureError(f"{layer} _weight: expected shape {list(shape)} ([num_embeddings, embedding_dim]), "
+                           f"got {list(_shape(weight))}")
+    return Parameter(weight, dtype=dtype)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """The shape of an array, nested list, ``gc.Tensor`` (which ``np.shape`` refuses) or Parameter."""
+    return tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+
+
+def pretrained(cls: type, embeddings: Any, freeze: bool, **kwargs: Any) -> Module:
+    """``cls.from_pretrained``: the 2-D ``embeddings`` as the weight, its dtype kept, frozen
+    (``requires_grad=False``, as torch's: every read of ``weight`` gets no gradient) when ``freeze``."""
+    shape = _shape(embeddings)
+    if len(shape) != 2:
+        raise CaptureError(f"{cls.__name__}.from_pretrained embeddings: expected a 2-D array, got shape {list(shape)}")
+    module = cls(*shape, _weight=embeddings, dtype=np.asarray(embeddings).dtype.name, **kwargs)
+    module.weight.requires_grad_(not freeze)
+    return module
+
+
 class EmbeddingBag(Module):
     """``weight [num_embeddings, embedding_dim]`` drawn from N(0, 1) (the ``padding_idx`` row zero);
     ``forward(input, offsets=None, per_sample_weights=None)`` is ``F.embedding_bag`` with the
     module's ``max_norm`` (the rows looked up renormalised in place, as ``Embedding``'s), ``norm_type``,
-    ``scale_grad_by_freq``, ``mode``, ``include_last_offset`` and ``padding_idx``."""
+    ``scale_grad_by_freq``, ``mode``, ``include_last_offset`` and ``padding_idx``. ``_weight`` is
+    ``Embedding``'s."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: float | None = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
-                 include_last_offset: bool = False, padding_idx: int | None = None, dtype: Any = "float32"):
+                 _weight: Any = None, include_last_offset: bool = False, padding_idx: int | None = None,
+                 dtype: Any = None):
         super().__init__()
         if mode not in MODES:
             raise CaptureError(f"EmbeddingBag mode={mode!r}; expected 'sum', 'mean' or 'max'")
@@ -46,7 +78,17 @@ class EmbeddingBag(Module):
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.sparse, self.include_last_offset, self.padding_idx = sparse, include_last_offset, padding_idx
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
-        self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
+        self.weight = embedding_weight("EmbeddingBag", (num_embeddings, embedding_dim), draw, _weight, dtype)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: Any, freeze: bool = True, max_norm: float | None = None,
+                        norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean",
+                        sparse: bool = False, include_last_offset: bool = False,
+                        padding_idx: int | None = None) -> "EmbeddingBag":
+        """``torch.nn.EmbeddingBag.from_pretrained`` (``pretrained``)."""
+        return pretrained(cls, embeddings, freeze, max_norm=max_norm, norm_type=norm_type,
+                          scale_grad_by_freq=scale_grad_by_freq, mode=mode, sparse=sparse,
+                          include_last_offset=include_last_offset, padding_idx=padding_idx)
 
     def forward(self, input: Tensor, offsets: Any = None, per_sample_weights: Any = None) -> Tensor:  # noqa: A002
         return embedding_bag(input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq,

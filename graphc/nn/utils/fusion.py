@@ -1,6 +1,6 @@
 """``gc.nn.utils.fuse_conv_bn_eval``/``fuse_linear_bn_eval`` and their ``*_weights``: a BatchNorm in
 eval mode folded into the conv or linear layer before it, as torch's, by numpy arithmetic on the
-parameters (float64, cast back)."""
+parameters (float64, cast back); the fused parameters keep torch's ``requires_grad``."""
 
 from __future__ import annotations
 
@@ -60,8 +60,10 @@ def _fused(layer: Module, bn: Module, fn: str, weights) -> Module:
     w, b = _values(layer, "weight", "bias")
     weight, bias = weights(w, b, *_values(bn, "running_mean", "running_var"), bn.eps, *_values(bn, "weight", "bias"))
     fused = copy.deepcopy(layer)
-    fused.weight = Parameter(weight, dtype=layer._parameters["weight"].dtype)
-    fused.bias = Parameter(bias, dtype=layer._parameters["weight"].dtype)
+    old_w, old_b = layer._parameters["weight"], layer._parameters.get("bias")
+    # torch's requires_grad: the layer's; a layer without a bias gets one made like the running mean, which has none
+    fused.weight = Parameter(weight, old_w.requires_grad, dtype=old_w.dtype)
+    fused.bias = Parameter(bias, old_b is not None and old_b.requires_grad, dtype=old_w.dtype)
     return fused
 
 

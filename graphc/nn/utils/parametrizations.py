@@ -36,11 +36,12 @@ def _parametrize(module: Module, name: str, fn: str) -> tuple[Parameter, Paramet
 
 
 def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Module:
-    """``torch.nn.utils.parametrizations.weight_norm``: ``original0`` (g) and ``original1`` (v)."""
+    """``torch.nn.utils.parametrizations.weight_norm``: ``original0`` (g) and ``original1`` (v), frozen where
+    the weight was (torch's parametrization keeps its ``requires_grad``)."""
     weight, entry = _parametrize(module, name, "parametrizations.weight_norm")
     v = weight_value(weight)
-    entry.original0 = param_like(norm_except_dim(v, dim), weight)
-    entry.original1 = param_like(v, weight)
+    entry.original0 = param_like(norm_except_dim(v, dim), weight).requires_grad_(weight.requires_grad)
+    entry.original1 = param_like(v, weight).requires_grad_(weight.requires_grad)
     module.register_computed(name, lambda m: normed_weight(*(read(m.parametrizations[name], f"original{i}")
                                                              for i in (0, 1)), dim))
     return module
