@@ -253,8 +253,25 @@ def test_view_and_reshape_take_dim_names_and_products():
         return {"x": x, "y": y}, {"flat": x.reshape(2 * t, 4), "back": x.reshape(2, t, 2, 2), "other": y.reshape(t, 3),
                                   "heads": x.reshape(2, t, 2, 2).transpose(0, 2, 1, 3).reshape(2, 2, -1)}
 
-    shapes = _shapes(_run(fn, {"x": gc.spec("float64", ("B", "T", 4)), "y": gc.spec("float64", ("M",))}, feeds_at))
+    model = _run(fn, {"x": gc.spec("float64", ("B", "T", 4)), "y": gc.spec("float64", ("M",))}, feeds_at)
+    shapes = _shapes(model)
     assert shapes["back"] == ("B", "T", 2, None) and shapes["other"] == ("T", None) and shapes["flat"] == (None, 4)
+    read = {name for n in model.proto.graph.node for name in n.input} | {o.name for o in model.proto.graph.output}
+    assert not [n.op_type for n in model.proto.graph.node if not read & set(n.output)]  # no Constant left unread
+
+
+def test_a_view_of_a_run_time_product_is_ten_nodes():
+    """``x.view(B * T, -1)``: two dim reads, their product, its Unsqueeze, the -1, a Concat and the Reshape (the
+    shape made by ``ops.int64_vector``; a Constant for the product's place was made and left unread: 11)."""
+    def fn(x):
+        B, T, _ = x.shape  # noqa: N806
+        return x.view(B * T, -1)
+
+    def feeds_at(t):
+        x = RNG.standard_normal((2, t, 4))
+        return {"x": x}, {"output": x.reshape(2 * t, 4)}
+
+    assert len(_run(fn, {"x": gc.spec("float64", ("B", "T", 4))}, feeds_at).proto.graph.node) == 10
 
 
 def test_dim_name_arithmetic_is_a_run_time_int_as_torch_symint():

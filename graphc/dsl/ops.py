@@ -409,10 +409,11 @@ def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
 
 def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
     """Reshape; dims are ints, -1, dim names (kept symbolic; read from ``x`` where it has them, else as the
-    name's size) or 0-d integer Tensors read at run time (``B * T``)."""
+    name's size) or 0-d integer Tensors read at run time (``B * T``). A shape with any dim read at run time is
+    ``int64_vector`` of the dims in order (a dim of ``x`` a Slice of one Shape of it)."""
     x = lift(x)
     in_shape = x.shape
-    dims, out_shape, dynamic, sizes = [], [], [], {}
+    dims, out_shape, shp, sized = [], [], None, False  # dims: an int each, or a [1] int64 Tensor
     for i, d in enumerate(shape):
         if isinstance(d, (int, np.integer)):
             dims.append(int(d))
@@ -421,26 +422,20 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
             dims.append(0)  # copy the dim from the input (allowzero=0)
             out_shape.append(d)
         elif isinstance(d, str) and in_shape is not None and d in in_shape:
-            dynamic.append((i, in_shape.index(d)))
-            dims.append(1)
+            shp = emit("Shape", [x]) if shp is None else shp
+            src = in_shape.index(d)
+            dims.append(emit("Slice", [shp, const_i64([src]), const_i64([src + 1])]))
             out_shape.append(d)
         else:  # read at run time: another input's dim name, B * T
-            sizes[i] = unsqueeze(run_time_int(d, f"reshape's dim {i}", "Reshape"), [0])
-            dims.append(1)
+            dims.append(unsqueeze(run_time_int(d, f"reshape's dim {i}", "Reshape"), [0]))
+            sized = True
             out_shape.append(str(d) if isinstance(d, str) else None)
-    if dims.count(-1) > 1:
+    if [d for d in dims if isinstance(d, int)].count(-1) > 1:  # (a Tensor's == would emit an Equal)
         raise op_error("Reshape", [x], f"shape {tuple(shape)} has more than one -1", user_source())
-    if not sizes:  # a run-time size's count is not known here
+    if not sized:  # a run-time size's count is not known here
         _check_reshape(x, out_shape, shape)
-    if dynamic or sizes:
-        parts = [sizes.get(i, const_i64([d])) for i, d in enumerate(dims)]
-        shp = emit("Shape", [x]) if dynamic else None
-        for i, src in dynamic:
-            parts[i] = emit("Slice", [shp, const_i64([src]), const_i64([src + 1])])
-        target = emit("Concat", parts, {"axis": 0})
-    else:
-        target = const_i64(dims)
-    return emit("Reshape", [x, target], out_types=[(x.dtype, out_shape)])
+    static = all(isinstance(d, int) for d in dims)
+    return emit("Reshape", [x, const_i64(dims) if static else int64_vector(dims)], out_types=[(x.dtype, out_shape)])
 
 
 def int64_vector(values: Iterable[Any]) -> Tensor:
