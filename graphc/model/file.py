@@ -24,6 +24,8 @@ from onnx import numpy_helper
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from graphc.errors import ModelLoadError
+from graphc.model.graphs import all_graphs, model_graphs, node_subgraphs
+from graphc.model.inferred import tensor_types
 
 # The keys onnx defines (onnx/external_data_helper.py); anything else is refused.
 EXTERNAL_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
@@ -222,35 +224,6 @@ def read_external_data(plan: list[tuple[onnx.TensorProto, _Extent]]) -> None:
         del tensor.external_data[:]
 
 
-def _node_subgraphs(nodes) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
-    """(node, graph) for every graph attribute of ``nodes`` (If branches, Loop/Scan bodies) and, after
-    each, the ones nested in it, outer first."""
-    for node in nodes:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield node, sub
-                yield from _node_subgraphs(sub.node)
-
-
-def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph in it (If branches, Loop/Scan bodies), outer first."""
-    yield graph
-    yield from (sub for _, sub in _node_subgraphs(graph.node))
-
-
-def function_graphs(function: onnx.FunctionProto) -> list[onnx.GraphProto]:
-    """A local function's nodes (and their subgraphs) as graphs, its inputs as the first one's inputs."""
-    graph = onnx.helper.make_graph(list(function.node), function.name, [], [])
-    graph.input.extend(onnx.helper.make_empty_tensor_value_info(name) for name in function.input)
-    return list(all_graphs(graph))
-
-
-def model_graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
-    """Every graph of ``model`` (``all_graphs`` of the main graph, then its local functions' ``function_graphs``):
-    where onnxruntime's rewrites reach, since it inlines local functions first."""
-    return list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
-
-
 def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when no two of its nodes (subgraphs included) share a non-empty name;
     else a copy in which each repeat gets a suffix (``n`` and ``n_1``). ONNX lets nodes share a
@@ -274,8 +247,8 @@ def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _subgraphs(model: onnx.ModelProto) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
-    """``_node_subgraphs`` of ``model``'s main graph and local functions: every graph but the main one."""
-    return _node_subgraphs([*model.graph.node, *(n for f in model.functions for n in f.node)])
+    """``node_subgraphs`` of ``model``'s main graph and local functions: every graph but the main one."""
+    return node_subgraphs([*model.graph.node, *(n for f in model.functions for n in f.node)])
 
 
 def _aliased(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[int]:
@@ -426,25 +399,6 @@ def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.Mode
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    return out
-
-
-def tensor_types(model: onnx.ModelProto, subgraphs: bool = False) -> dict[str, tuple[int, list[int | None]]] | None:
-    """Value name -> (element type, dims, None where symbolic) for every shaped tensor of the main
-    graph (with ``subgraphs``, of every graph in it), from onnx's shape inference; None where it
-    fails (over 2 GiB, or inconsistent)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except (onnx.shape_inference.InferenceError, ValueError):
-        return None
-    out = {}
-    for graph in all_graphs(inferred) if subgraphs else (inferred,):
-        for value in [*graph.input, *graph.output, *graph.value_info]:
-            t = value.type.tensor_type
-            if t.HasField("shape"):
-                out[value.name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
-        for t in graph.initializer:
-            out[t.name] = (t.data_type, list(t.dims))
     return out
 
 
