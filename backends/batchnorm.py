@@ -21,7 +21,8 @@ from onnx import helper
 
 from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
-from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, with_nodes
+from graphc.model.inferred import TypesOf, tensor_types
 from graphc.passes.values import exact_attributes
 
 __all__ = ["lower_training_mode"]
@@ -32,13 +33,13 @@ def _training_mode(node: onnx.NodeProto) -> bool:
         a.name == "training_mode" and a.i for a in node.attribute)
 
 
-def lower_training_mode(model: onnx.ModelProto, backend: str) -> onnx.ModelProto:
+def lower_training_mode(model: onnx.ModelProto, backend: str, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when its main graph has no training-mode BatchNormalization, else a copy
     with each written out (the module docstring); ``BackendError`` where an input's type is
-    unknown."""
+    unknown. ``types_of``: how it gets ``tensor_types`` (``SharedTypes`` along a session's rewrites)."""
     if not any(_training_mode(node) for node in model.graph.node):
         return model
-    types = tensor_types(model) or {}
+    types = types_of(model) or {}
     nodes = []
     for node in model.graph.node:
         nodes += _written_out(node, types, ai_onnx_opset(model), backend) if _training_mode(node) else [node]

@@ -33,6 +33,7 @@ from graphc.backends import doubles_activations, doubles_layers, doubles_recurre
 from graphc.backends.written_out import Writer, lower_doubles
 from graphc.errors import BackendError
 from graphc.model import node_label, node_source
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["lower_double"]
 
@@ -282,16 +283,16 @@ _CUDA_DOUBLE_KERNELS = frozenset({"Conv", "ConvTranspose", "AveragePool", "Globa
 _RECURRENT = frozenset(doubles_recurrent.LOWERINGS)
 
 
-def lower_double(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelProto:
+def lower_double(model: onnx.ModelProto, device: str = "cpu", types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
     Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
     ``doubles_layers``; nor an RNN, GRU or LSTM, ``doubles_recurrent``; nor an activation, Hardmax, Mean or NonZero,
     ``doubles_activations``) in double, else a copy with each written out (the module docstrings). On
-    ``device`` "cuda" the ops the CUDA provider runs in double are left to it."""
+    ``device`` "cuda" the ops the CUDA provider runs in double are left to it. ``types_of``: ``lower_written``'s."""
     layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS, **doubles_recurrent.LOWERINGS,
               **doubles_activations.LOWERINGS}
     keep = None
     if device == "cuda":
         layers = {op: fn for op, fn in layers.items() if op not in _CUDA_DOUBLE_KERNELS}
         keep = lambda node: node.op_type in _RECURRENT and doubles_recurrent.cudnn_runs(node)
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers}, keep)
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers}, keep, types_of)

@@ -59,15 +59,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from graphc.model.file import constant_tensors, model_graphs, tensor_types
+from graphc.model.file import constant_tensors, model_graphs
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["fusion_refused"]
 
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)  # FuseReluClip's types for a Clip's min
 
 
-def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The names of the rewrites above that ``model`` holds a pattern of, in that order."""
+def fusion_refused(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> tuple[str, ...]:
+    """The names of the rewrites above that ``model`` holds a pattern of, in that order. ``types_of``: how it
+    gets ``tensor_types`` (``SharedTypes`` along a session's rewrites)."""
     graphs = model_graphs(model)
     nodes = [node for g in graphs for node in g.node if node.domain in ("", "ai.onnx")]
     consts = _constants(graphs)
@@ -76,7 +78,7 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
     for node in nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    types = functools.cache(lambda: tensor_types(model, subgraphs=True) or {})
+    types = functools.cache(lambda: types_of(model, subgraphs=True) or {})
     checks = {
         "DivMulFusion": lambda: any(_inexact_reciprocal(node, consts, readers) for node in nodes),
         "FuseReluClip": lambda: any(_clip_after_relu_refused(node, consts, producers) for node in nodes),

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 
 from graphc.backends import doubles_layers
 from graphc.backends.written_out import Lowering, Writer, lower_written
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["MISSING", "lower"]
 
@@ -75,8 +76,8 @@ MISSING: dict[str, tuple[Callable[[onnx.NodeProto, dict], bool], Lowering]] = {
 }
 
 
-def lower(model: onnx.ModelProto) -> onnx.ModelProto:
+def lower(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when no node of it (in any graph) is one ``MISSING`` finds no kernel for, else a copy with
-    each such node written out (the module docstring)."""
+    each such node written out (the module docstring). ``types_of``: ``lower_written``'s."""
     return lower_written(model, {op: writer for op, (_, writer) in MISSING.items()},
-                         lambda node, types: MISSING[node.op_type][0](node, types), "integer")
+                         lambda node, types: MISSING[node.op_type][0](node, types), "integer", types_of)

@@ -24,7 +24,8 @@ import onnx
 from onnx import TensorProto
 
 from graphc.backends.written_out import Writer, replace_nodes
-from graphc.model.file import ai_onnx_opset, all_graphs, tensor_types
+from graphc.model.file import ai_onnx_opset, all_graphs
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["KERNELS", "lower"]
 
@@ -51,15 +52,16 @@ def _asked(node: onnx.NodeProto) -> int | None:
                  and a.i in KERNELS), None)
 
 
-def lower(model: onnx.ModelProto) -> onnx.ModelProto:
+def lower(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when every node that reads or writes float16 or bfloat16 has a kernel for it
-    (``KERNELS``), else a copy with each other such node computed in float32 (the module docstring)."""
+    (``KERNELS``), else a copy with each other such node computed in float32 (the module docstring).
+    ``types_of``: how it gets ``tensor_types`` (``SharedTypes`` along a session's rewrites)."""
     opset = ai_onnx_opset(model)
     kernels = {dtype: frozenset(op for op, first in ops.items() if opset >= first) for dtype, ops in KERNELS.items()}
     if all(node.op_type in kernels[_F16] and node.op_type in kernels[_BF16]
            for graph in all_graphs(model.graph) for node in graph.node):
         return model
-    types = tensor_types(model, subgraphs=True) or {}
+    types = types_of(model, subgraphs=True) or {}
 
     def narrow(name: str) -> int | None:
         dtype = types.get(name, (None,))[0] if name else None

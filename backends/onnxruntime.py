@@ -30,7 +30,8 @@ from graphc.backends.base import BackendInfo
 from graphc.backends.cancel import CancelToken
 from graphc.errors import BackendError, BackendUnavailable, RunCancelled
 from graphc.model import node_label, node_source
-from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names, with_body_output_shapes
+from graphc.model.file import all_graphs, distinct_subgraph_outputs, unique_node_names, with_body_output_shapes
+from graphc.model.inferred import SharedTypes, TypesOf
 from graphc.model.dtypes import to_onnx
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -179,10 +180,13 @@ class _OrtBackend:
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
         model = opsets.within_reach(unique_node_names(with_body_output_shapes(model)), self.name)
-        model = batchnorm.lower_training_mode(model, self.name)
-        model = integers.lower(doubles.lower_double(model, self.device))
+        # one shape inference serves the rewrites until one of them changes the model (SharedTypes)
+        types_of = SharedTypes()
+        model = batchnorm.lower_training_mode(model, self.name, types_of)
+        model = integers.lower(doubles.lower_double(model, self.device, types_of), types_of)
         model = scans.guard_empty(recurrent.with_full_params(model))
-        model = distinct_subgraph_outputs(pad_axes.without_axes(pools.explicit_pads(model)))  # the rewrites' bodies too
+        model = pools.explicit_pads(model, types_of)
+        model = distinct_subgraph_outputs(pad_axes.without_axes(model, types_of))  # the rewrites' bodies too
         model = loop_bodies.terminable(model)  # RunOptions.terminate (cancel=) reaches every Loop
         ort = _ort()
         options = ort.SessionOptions()
@@ -199,9 +203,10 @@ class _OrtBackend:
         if self.device == "cpu":
             # Wheres as Ifs (-0.0 kept) before narrow_casts, whose float32 Where between Casts has no
             # declared shapes for as_ifs to read
-            model = narrow_casts.lower(selects.as_ifs(_race_free(model, options)))
+            model = narrow_casts.lower(selects.as_ifs(_race_free(model, options)), types_of)
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
-                model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+                model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                     types_of)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
         if flush_denormals:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
@@ -209,7 +214,7 @@ class _OrtBackend:
             options.enable_cpu_mem_arena = False
         elif exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
-        disabled = dropout.eliminating(model) + pools.fusion_refused(model) + fusions.fusion_refused(model)
+        disabled = dropout.eliminating(model) + pools.fusion_refused(model) + fusions.fusion_refused(model, types_of)
         if keep_recomputation:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)
@@ -270,15 +275,15 @@ def _exact_cpu_arena() -> bool:
     return True
 
 
-def _cpu_kernels(model: onnx.ModelProto, blocked: bool) -> onnx.ModelProto:
+def _cpu_kernels(model: onnx.ModelProto, blocked: bool, types_of: TypesOf) -> onnx.ModelProto:
     """The ort-cpu session's copy of ``model``, its nodes moved onto faster kernels: Transposes of
     few rows as Einsums (``transposes``) and, with ``blocked`` (level "all", whose layout
     transforms the NCHWc ops are), Convs with fed weights on the NCHWc kernels (``nchwc``); one
-    shape inference for both, and none where neither has a node to look at."""
+    shape inference for both (``types_of(model)``), and none where neither has a node to look at."""
     ops = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
     if "Transpose" not in ops and not (blocked and "Conv" in ops):
         return model
-    types = tensor_types(model)
+    types = types_of(model)
     if types is None:
         return model
     model, _ = transposes.rewrite(model, types)

@@ -15,7 +15,8 @@ import onnx
 from onnx import numpy_helper
 
 from graphc.backends.written_out import Writer
-from graphc.model.file import ai_onnx_opset, constant_tensors, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, constant_tensors, with_nodes
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["without_axes"]
 
@@ -24,13 +25,14 @@ def _has_axes(node: onnx.NodeProto) -> bool:
     return node.op_type == "Pad" and node.domain in ("", "ai.onnx") and len(node.input) > 3 and bool(node.input[3])
 
 
-def without_axes(model: onnx.ModelProto) -> onnx.ModelProto:
+def without_axes(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """A copy of ``model`` in which each main-graph Pad given ``axes``, its pads and axes constants and
-    its input's rank known, lists every axis's pads instead; ``model`` itself where there is none."""
+    its input's rank known, lists every axis's pads instead; ``model`` itself where there is none.
+    ``types_of``: how it gets ``tensor_types`` (``SharedTypes`` along a session's rewrites)."""
     if not any(_has_axes(node) for node in model.graph.node):
         return model
     consts = {name: numpy_helper.to_array(t) for name, t in constant_tensors([model.graph]).items()}
-    types, opset = tensor_types(model) or {}, ai_onnx_opset(model)
+    types, opset = types_of(model) or {}, ai_onnx_opset(model)
     nodes, written_out = [], False
     for node in model.graph.node:
         rank = len(types[node.input[0]][1]) if _has_axes(node) and node.input[0] in types else None

@@ -30,7 +30,8 @@ from onnx import helper
 from graphc.backends.numpy.conv import geometry
 from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
-from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, with_nodes
+from graphc.model.inferred import TypesOf, tensor_types
 from graphc.model.windows import ceil_as_floor_pads
 
 __all__ = ["explicit_pads", "fusion_refused"]
@@ -53,12 +54,13 @@ def _ceil_mode(node: onnx.NodeProto) -> bool:
             and attrs.get("auto_pad", b"NOTSET") == b"NOTSET")
 
 
-def explicit_pads(model: onnx.ModelProto) -> onnx.ModelProto:
+def explicit_pads(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when its main graph has no dilated SAME_* or ceil_mode pool, else a copy in
-    which each whose input's spatial dims are static has explicit pads (the module docstring)."""
+    which each whose input's spatial dims are static has explicit pads (the module docstring).
+    ``types_of``: how it gets ``tensor_types`` (``SharedTypes`` along a session's rewrites)."""
     if not any(_dilated_same(node) or _ceil_mode(node) for node in model.graph.node):
         return model
-    types, opset = tensor_types(model) or {}, ai_onnx_opset(model)
+    types, opset = types_of(model) or {}, ai_onnx_opset(model)
     nodes = []
     for node in model.graph.node:
         typed = types.get(node.input[0]) if node.input else None

@@ -16,7 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
+from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors
+from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["Writer", "log1p", "lower_doubles", "lower_written", "replace_nodes"]
 
@@ -83,23 +84,25 @@ Lowering = Callable[[Writer, onnx.NodeProto, dict], None]
 
 
 def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
-                  keep: Callable[[onnx.NodeProto], bool] | None = None) -> onnx.ModelProto:
+                  keep: Callable[[onnx.NodeProto], bool] | None = None, types_of: TypesOf = tensor_types
+                  ) -> onnx.ModelProto:
     """``lower_written`` of the nodes of an op in ``lowerings`` with a double first input (and not one ``keep``
-    keeps)."""
+    keeps); ``types_of``: ``lower_written``'s."""
     return lower_written(model, lowerings, lambda node, types: types.get(node.input[0], (None,))[0] ==
-                         onnx.TensorProto.DOUBLE and not (keep and keep(node)))
+                         onnx.TensorProto.DOUBLE and not (keep and keep(node)), types_of=types_of)
 
 
 def lower_written(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
-                  selected: Callable[[onnx.NodeProto, dict], bool], prefix: str | None = None) -> onnx.ModelProto:
+                  selected: Callable[[onnx.NodeProto, dict], bool], prefix: str | None = None,
+                  types_of: TypesOf = tensor_types) -> onnx.ModelProto:
     """``model`` itself when no node of it (in any graph: Loop and Scan bodies, If branches) is of an ai.onnx op in
     ``lowerings`` that ``selected(node, types)`` picks, else a copy with each such node replaced by what
-    ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``; the
-    writer's names begin with ``prefix``, else the op type); the others run as they are."""
+    ``lowerings[op_type](writer, node, types)`` writes (``types``: ``types_of(model, subgraphs=True)``, by default
+    ``tensor_types``; the writer's names begin with ``prefix``, else the op type); the others run as they are."""
     if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx")
                for graph in all_graphs(model.graph) for node in graph.node):
         return model
-    types = tensor_types(model, subgraphs=True) or {}
+    types = types_of(model, subgraphs=True) or {}
 
     def chosen(node: onnx.NodeProto) -> bool:
         return node.op_type in lowerings and node.domain in ("", "ai.onnx") and selected(node, types)

@@ -3,13 +3,17 @@ them to a chain of rewrites of one model (an onnxruntime session's copy) from on
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx
 
 from graphc.model.graphs import all_graphs
 
-__all__ = ["SharedTypes", "Types", "tensor_types"]
+__all__ = ["SharedTypes", "Types", "TypesOf", "tensor_types"]
 
 Types = dict[str, tuple[int, list[int | None]]]  # value name -> (element type, dims, None where symbolic)
+# what gives a rewrite its model's types: ``tensor_types`` itself, or a ``SharedTypes``
+TypesOf = Callable[..., "Types | None"]
 
 
 def tensor_types(model: onnx.ModelProto, subgraphs: bool = False) -> Types | None:
