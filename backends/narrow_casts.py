@@ -23,11 +23,12 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
+from graphc.backends import selects
 from graphc.backends.written_out import Writer, replace_nodes
 from graphc.model.file import ai_onnx_opset, all_graphs
 from graphc.model.inferred import TypesOf, tensor_types
 
-__all__ = ["KERNELS", "lower"]
+__all__ = ["KERNELS", "lower", "lower_for_cpu"]
 
 _BOTH = dict.fromkeys(
     "BitCast Cast Compress Concat Constant ConstantOfShape DynamicSlice Flatten Gather GatherElements GatherND "
@@ -88,3 +89,11 @@ def lower(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.Mode
         return w.nodes
 
     return replace_nodes(model, lowered, write)
+
+
+def lower_for_cpu(model: onnx.ModelProto, types_of: TypesOf = tensor_types) -> onnx.ModelProto:
+    """``lower`` of ``selects.as_ifs(model)``: what onnxruntime's CPU provider is given, in an ort-cpu
+    session's copy and in the file of a Triton CPU instance (``graphc.serving.deploy``) alike. Wheres
+    as Ifs first (-0.0 kept): ``lower``'s float32 Where between Casts has no declared shapes for
+    ``as_ifs`` to read, and onnxruntime's float32 Where returns a -0.0 taken from X as +0.0."""
+    return lower(selects.as_ifs(model), types_of)

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, integers, loop_bodies,
-                             narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, selects, transposes)
+                             narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
@@ -201,9 +201,7 @@ class _OrtBackend:
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
-            # Wheres as Ifs (-0.0 kept) before narrow_casts, whose float32 Where between Casts has no
-            # declared shapes for as_ifs to read
-            model = narrow_casts.lower(selects.as_ifs(_race_free(model, options)), types_of)
+            model = narrow_casts.lower_for_cpu(_race_free(model, options), types_of)  # as a Triton CPU instance's file
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
                 model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                      types_of)

@@ -61,3 +61,33 @@ def test_gpu_deployments_keep_the_narrow_nodes(tmp_path):
     """A GPU instance's file is not rewritten: the CUDA provider has the narrow kernels."""
     _, proto, _ = _deployed(tmp_path, "bfloat16", instance="gpu")
     assert [n.op_type for n in proto.graph.node] == ["Cast", "Mul", "Gemm", "Constant", "Div", "Cast"]  # the edges'
+
+
+def _where() -> onnx.ModelProto:
+    """out = Where(c, x, y), ``c`` one bool: picks one whole input."""
+    from onnx import TensorProto, helper
+
+    from onnx_graphs import model, vi
+
+    return model([helper.make_node("Where", ["c", "x", "y"], ["out"], name="pick")],
+                 [vi("c", TensorProto.BOOL, []), vi("x", shape=["N", 4]), vi("y", shape=["N", 4])],
+                 [vi("out", shape=["N", 4])], opset=17)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_cpu_deployment_keeps_a_negative_zero_a_where_picks(tmp_path, dtype):
+    """The file's Where is an If copying one branch, as in graphc's ort-cpu session: before, its
+    narrow Where was computed in float32 between Casts, and onnxruntime's float32 Where returned the
+    -0.0s of x as +0.0 where the session, the numpy backend and torch keep them."""
+    proto = _where()
+    file = str(gc.deploy.triton(gc.load(proto), tmp_path, "m", dtype=dtype) / "1" / "model.onnx")
+    onnx.checker.check_model(file, full_check=True)
+    converted = gc.convert_float(gc.load(proto), dtype, keep_io_types=True)  # deploy's, before the CPU form
+    x = np.array([[-0.0, 1.5, -0.0, -2.0], [0.0, -0.0, 3.0, -0.0]], np.float32)
+    feeds = {"c": np.array(True), "x": x, "y": np.ones_like(x)}
+    raw = ort.InferenceSession(file, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    dt = getattr(torch, dtype)
+    expected = torch.where(torch.tensor(True), torch.from_numpy(x).to(dt), torch.ones(2, 4, dtype=dt)).float().numpy()
+    assert (np.signbit(expected) & (expected == 0)).sum() == 4  # the -0.0s
+    for got in (raw, *(gc.Session(converted, backend=b).run(feeds)["out"] for b in ("ort-cpu", "numpy"))):
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))

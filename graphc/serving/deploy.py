@@ -136,15 +136,18 @@ def for_server(model: Model, opset: int | None = None) -> Model:
 
 
 def for_cpu_instances(model: Model) -> Model:
-    """``model`` with each float16 or bfloat16 node that onnxruntime's CPU provider has no kernel
-    for computed in float32 between Casts in the file itself (``graphc.backends.narrow_casts``), as
-    graphc's ort-cpu sessions run it: Triton's onnxruntime gets the file as it is, and refuses a
-    bfloat16 ``Mul`` ("Could not find an implementation") or computes a run of float16 nodes in
-    float32 (a product that overflows float16 finite). ``model`` itself where no node needs it."""
+    """``model`` as graphc's ort-cpu sessions give it to onnxruntime's CPU provider, in the file
+    itself (``graphc.backends.narrow_casts.lower_for_cpu``, which both call): Triton's onnxruntime
+    gets the file as it is. Each float16 or bfloat16 node the provider has no kernel for is computed
+    in float32 between Casts (else it refuses a bfloat16 ``Mul``, "Could not find an
+    implementation", or computes a run of float16 nodes in float32: a product that overflows
+    float16 finite), each Where of a one-element condition is an If that copies one branch, before
+    that (``graphc.backends.selects``: onnxruntime's Where returned a -0.0 from X as +0.0).
+    ``model`` itself where no node needs either."""
     from graphc.backends import narrow_casts
 
     proto = model.proto
-    lowered = narrow_casts.lower(proto)
+    lowered = narrow_casts.lower_for_cpu(proto)
     return model if lowered is proto else load(lowered)
 
 
