@@ -15,15 +15,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from graphc.backends.numpy import sizes
 from graphc.backends.numpy.interpreter import Plan, Step
 from graphc.backends.numpy.kernels import lookup, normalize_domain
-from graphc.backends.value_sized import SHAPE_ONLY, is_value_sized, reads
+from graphc.backends.value_sized import SHAPE_ONLY, is_value_sized
 from graphc.errors import BackendError
 from graphc.model import node_label
 from graphc.model.file import with_body_output_shapes
+from graphc.model.graphs import reads
 
 _RNG = np.random.default_rng(0)  # for a random op in a cone, whose values no size reads
 

@@ -28,6 +28,7 @@ from onnx import numpy_helper
 from graphc.errors import RequestTooLarge, TensorTooLarge
 from graphc.model import node_label
 from graphc.model.file import model_graphs
+from graphc.model.graphs import reads
 
 if TYPE_CHECKING:
     from graphc.backends.size_cones import SizeCones
@@ -194,16 +195,6 @@ def _peak(graph: onnx.GraphProto, known: Mapping[str, tuple | None], feeds: Mapp
             best = (live, node_label(node.name, index), node.op_type)
         live -= freed[index]
     return best
-
-
-def reads(node: onnx.NodeProto) -> set[str]:
-    """The names ``node`` reads: its inputs and those its subgraphs' nodes read (outer scope)."""
-    names = {name for name in node.input if name}
-    for attr in node.attribute:
-        for body in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
-            for inner in body.node:
-                names |= reads(inner)
-    return names
 
 
 def _bytes(kind: onnx.TypeProto | None) -> tuple[int, list[int], np.dtype] | None:

@@ -161,3 +161,20 @@ def test_readers_in_subgraphs_count_and_an_optimized_graphs_transposes_are_copie
                   oh.make_node("Add", ["x", "n"], ["x.next"]), oh.make_node("Neg", ["xt"], ["y"])]
     assert in_place_outputs(graph(transposed), {"x.next": "x"}) == set()
     assert in_place_outputs(graph(transposed), {"x.next": "x"}, optimized=True) == {"x.next"}
+
+
+def test_an_omitted_optional_input_or_output_is_no_value_read_or_written():
+    """"" is no value: a Clip without min (input "") before a Dropout without mask (output "") is in order.
+    Before, "" counted as read by the Clip and written by the later Dropout, and the graph was taken
+    for one out of topological order: nothing in place."""
+    nodes = [oh.make_node("Clip", ["g", "", "g"], ["gc"]), oh.make_node("Dropout", ["gc"], ["d", ""]),
+             oh.make_node("Sub", ["x", "d"], ["x.next"]), oh.make_node("Neg", ["d"], ["y"])]
+    assert in_place_outputs(graph(nodes), {"x.next": "x"}) == {"x.next"}
+    # the same with the Clip in a subgraph (an If branch) read from the outer scope
+    clip = oh.make_graph([nodes[0]], "then", [], [oh.make_tensor_value_info("gc", F, [4])])
+    cond = oh.make_node("Constant", [], ["c"], value=oh.make_tensor("c", onnx.TensorProto.BOOL, [], [True]))
+    branched = [cond, oh.make_node("If", ["c"], ["gi"], then_branch=clip, else_branch=clip),
+                oh.make_node("Dropout", ["gi"], ["d", ""]), *nodes[2:]]
+    assert in_place_outputs(graph(branched), {"x.next": "x"}) == {"x.next"}
+    late = [*nodes[:3], oh.make_node("Neg", ["x"], ["y"])]  # and a reader of x after the write still counts
+    assert in_place_outputs(graph(late), {"x.next": "x"}) == set()

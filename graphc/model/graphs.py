@@ -1,4 +1,5 @@
-"""Walking a model's graphs: every subgraph (If branches, Loop and Scan bodies, local functions)."""
+"""Walking a model's graphs: every subgraph (If branches, Loop and Scan bodies, local functions), and the
+names a node reads."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterator
 
 import onnx
 
-__all__ = ["all_graphs", "function_graphs", "model_graphs", "node_subgraphs"]
+__all__ = ["all_graphs", "function_graphs", "model_graphs", "node_subgraphs", "reads"]
 
 
 def node_subgraphs(nodes) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
@@ -36,3 +37,12 @@ def model_graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
     """Every graph of ``model`` (``all_graphs`` of the main graph, then its local functions' ``function_graphs``):
     where onnxruntime's rewrites reach, since it inlines local functions first."""
     return list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
+
+
+def reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and those of the nodes of its subgraphs (If branches,
+    Loop and Scan bodies, nested ones too; what they read from the outer scope, with their own
+    names, which cannot clash with the outer ones). Not "": an omitted optional input, which an
+    omitted optional output also is, reads nothing."""
+    inner = (name for _, sub in node_subgraphs([node]) for n in sub.node for name in n.input)
+    return {name for name in (*node.input, *inner) if name}

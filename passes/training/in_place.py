@@ -51,7 +51,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from graphc.model.file import all_graphs
+from graphc.model.graphs import reads
 
 __all__ = ["in_place_outputs"]
 
@@ -72,17 +72,6 @@ def _numel(value: onnx.ValueInfoProto) -> int | None:
 
 def _is(node: onnx.NodeProto, ops: frozenset[str]) -> bool:
     return node.op_type in ops and node.domain in ("", "ai.onnx")  # com.microsoft's ops have other names
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The names ``node`` reads: its inputs and what its subgraphs (If branches, Loop and Scan
-    bodies) read from the outer scope (with their own names, which cannot clash with the outer ones)."""
-    names = set(node.input)
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.HasField("g") else attribute.graphs:
-            for graph in all_graphs(sub):
-                names.update(name for inner in graph.node for name in inner.input)
-    return names
 
 
 def _copies(node: onnx.NodeProto) -> bool:
@@ -107,9 +96,9 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized
     its Transposes are copies."""
     through = _VIEWS if optimized else _READ_THROUGH
     producer = {name: i for i, node in enumerate(graph.node) for name in node.output}
-    reads = [_reads(node) for node in graph.node]
+    reads_of = [reads(node) for node in graph.node]
     readers: dict[str, list[int]] = defaultdict(list)
-    for i, names in enumerate(reads):
+    for i, names in enumerate(reads_of):
         for name in names:
             readers[name].append(i)
             if producer.get(name, -1) >= i:
@@ -127,7 +116,7 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized
     # ancestry as bitsets over the reading nodes only, in one pass in topological order
     bit = {i: 1 << k for k, i in enumerate(sorted(set().union(*reading.values())))}
     above = [0] * len(graph.node)
-    for i, names in enumerate(reads):
+    for i, names in enumerate(reads_of):
         mask = bit.get(i, 0)
         for name in names:
             if name in producer:
