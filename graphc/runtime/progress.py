@@ -69,10 +69,11 @@ class TrainProgress:
         else:
             self._progress.reset(self._task, description=f"epoch {epoch + 1}/{self.epochs}", **fields)
 
-    def step(self, mean_loss: float, rate: float) -> None:
+    def step(self, mean_loss: float, rate: float, batches: int = 1) -> None:
+        """``batches`` more batches done (an accumulated step's micro-batches)."""
         if self._progress is None:
             return
-        self._pending += 1
+        self._pending += batches
         self._fields = {"loss": _loss(mean_loss), "rate": rate}
         now = time.perf_counter()
         if now - self._last >= _REFRESH_S:

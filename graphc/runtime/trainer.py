@@ -202,20 +202,32 @@ class Trainer:
     (names or callables, see ``gc.metrics``; None: the loss kind's defaults). ``tensorboard``:
     a directory ``fit`` writes TensorBoard event files to (``graphc.runtime.tensorboard``).
     ``workers > 1`` or a ``ray_address`` train data-parallel on Ray
-    (``graphc.runtime.distributed.DistributedTrainer``, which takes more options)."""
+    (``graphc.runtime.distributed.DistributedTrainer``, which takes more options).
+    ``accumulate=k`` (> 1) steps the optimizer once per k micro-batches, gradients accumulated
+    (``graphc.runtime.accumulating.AccumulatingTrainer``)."""
 
     _prediction_graph = "train_step"  # the graph whose prediction output the train metrics read
 
-    def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, **kwargs: Any):
+    def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, accumulate: int = 1,
+                **kwargs: Any):
+        from graphc.runtime.accumulating import AccumulatingTrainer, checked_accumulate
+
+        accumulate = checked_accumulate(accumulate)
         if cls is Trainer and (workers != 1 or ray_address):
+            if accumulate != 1:
+                raise ValueError(f"accumulate={accumulate} is not supported data-parallel (workers={workers}, "
+                                 f"ray_address={ray_address!r}): train with one process, or give the workers "
+                                 "the whole batch (workers share it as accumulation would)")
             from graphc.runtime.distributed.trainer import DistributedTrainer
 
             cls = DistributedTrainer
+        elif cls is Trainer and accumulate != 1:
+            cls = AccumulatingTrainer
         return super().__new__(cls)
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Union[str, os.PathLike, None] = None, workers: int = 1,
-                 ray_address: Optional[str] = None, **options: Any):
+                 ray_address: Optional[str] = None, accumulate: int = 1, **options: Any):
         from graphc.backends import get_backend
 
         check_options(options, TRAINER_OPTIONS, "Trainer")
@@ -315,7 +327,8 @@ class Trainer:
         self.tensorboard = None if tensorboard is None else Path(tensorboard)
         self._state: dict[str, Any] = {}
         self._checked: set[tuple] = set()
-        self.step_count = 0
+        self.step_count = 0  # optimizer steps
+        self.accumulate = 1  # micro-batches per optimizer step (``AccumulatingTrainer``)
         self.epoch = 0
         self.batch_in_epoch = 0
         check_whole("seed", seed, 0)
@@ -681,8 +694,9 @@ class Trainer:
             check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
             check_probabilities(self.manifest, loader.arrays, "the training loader")
             if self._scheduler is not None:
-                check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, self.batch_in_epoch,
-                             len(loader))
+                k = self.accumulate  # a step per k batches, the epoch's last of those left
+                check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, -(-self.batch_in_epoch // k),
+                             -(-len(loader) // k))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
@@ -782,16 +796,18 @@ class Trainer:
         bar.start_epoch(self.epoch, self.batch_in_epoch, sums.mean_loss())
         last = time.perf_counter()
         first = self._batch_names[0] if self._batch_names else None
-        for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
-            rows = len(batch[first]) if first in batch else 0  # one missing: the step says which
-            examples = averaging.examples(self.manifest.loss, batch, rows)  # once: the skip test, the train metrics
-            if self._counts_nothing(batch, rows):
-                self._skip(len(loader), examples)
-                bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9))
+        for batches in self._step_groups(loader):
+            rows = sum(len(b[first]) if first in b else 0 for b in batches)  # one missing: the step says which
+            examples = sum(averaging.examples(self.manifest.loss, b, len(b[first]) if first in b else 0)
+                           for b in batches)  # once: the skip test, the train metrics
+            if all(self._counts_nothing(b, len(b[first]) if first in b else 0) for b in batches):
+                self._skip(len(loader), examples, len(batches))
+                bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9), len(batches))
                 last = time.perf_counter()
                 continue
+            batch = batches[0]
             with self._interrupts:
-                loss = self.step(batch)
+                loss = self._step_on(batches)
                 if hook is not None and self.step_count == hook[1]:
                     signal.raise_signal(hook[0])
                 # with loss scaling, its inf/NaN gradients skip the step (torch's loop goes on): the
@@ -806,7 +822,7 @@ class Trainer:
                 if not scaled_away:
                     self._add_train_metrics(batch, examples)
                 now = time.perf_counter()
-                self.batch_in_epoch += 1
+                self.batch_in_epoch += len(batches)
                 if not scaled_away:
                     sums.steps += 1
                     sums.loss_sum += loss * averaging.epoch_weight(self.manifest.loss, rows)
@@ -817,10 +833,26 @@ class Trainer:
                     board.step(self.step_count, loss, norm)
                 if self._scheduler is not None and self.scheduler_interval == "step":
                     self._step_scheduler(loss)
-            bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9))
+            bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9), len(batches))
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
+
+    def _step_groups(self, loader) -> Iterator[list[Mapping[str, np.ndarray]]]:
+        """The rest of the epoch's batches, ``self.accumulate`` to an optimizer step (the last
+        group what is left)."""
+        group: list[Mapping[str, np.ndarray]] = []
+        for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
+            group.append(batch)
+            if len(group) == self.accumulate:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
+        """One optimizer step on ``batches`` (one batch here; micro-batches: ``AccumulatingTrainer``)."""
+        return self.step(batches[0])
 
     def _non_finite_cause(self, loader, batch: Mapping[str, np.ndarray]) -> str:
         """What a NaN or infinite loss of the batch at ``self.batch_in_epoch`` comes from, as far as
@@ -856,8 +888,8 @@ class Trainer:
         (0 * inf, where PyTorch's is 0)."""
         return rows > 0 and not averaging.shard_weight(self.manifest.loss, batch, rows)
 
-    def _skip(self, batches: int, examples: int) -> None:
-        """Pass over the batch at ``self.batch_in_epoch`` (of ``batches``), whose ``examples``
+    def _skip(self, batches: int, examples: int, count: int = 1) -> None:
+        """Pass over the ``count`` batches at ``self.batch_in_epoch`` (of ``batches``), whose ``examples``
         labels not ignored weigh 0 in all, with no step, saying so."""
         import warnings
 
@@ -869,7 +901,7 @@ class Trainer:
         with self._interrupts:
             warnings.warn(f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} of {batches}: {why}; skipped (no "
                           "step: its mean loss is 0/0, NaN, and would make every param NaN)", stacklevel=4)
-            self.batch_in_epoch += 1
+            self.batch_in_epoch += count
 
     def _train_metrics_wanted(self) -> bool:
         """Whether fit computes train metrics: there are metrics, and the train_step graph gives

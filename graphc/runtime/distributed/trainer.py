@@ -84,7 +84,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
-                 placement: Any = "default", **options: Any):
+                 placement: Any = "default", accumulate: int = 1, **options: Any):
         from graphc.compile.training import update_model, worker_gradients_model
 
         if not isinstance(workers, int) or workers < 1:

@@ -1,0 +1,221 @@
+"""``gc.Trainer(..., accumulate=k)``: one optimizer step per ``k`` micro-batches (gradient
+accumulation, torch's ``(loss / k).backward()`` every batch and ``optimizer.step()`` every k-th,
+Lightning's ``accumulate_grad_batches``).
+
+Each micro-batch runs the artifacts' ``gradients`` graph (the ``train_step`` graph is not built);
+its gradients go into running sums on the backend's device by a small ``accumulate`` graph
+(``graphc.passes.training.accumulate``), each times its *share*: the micro-batch's weight over
+the step's total (``averaging.shard_weight``: its rows for a mean loss, its counted labels for a
+cross-entropy with ``ignore_index`` or class weights), so the sum is the gradient of the mean
+over all the step's rows and a partial last micro-batch weighs by its rows, as one batch of them
+all would; a summed loss's gradients just add up. Then the optimizer ``update`` graph
+(``compile.training.update_model``, the same optimizer emission as train_step's, data-parallel
+training's) steps params and state once from the sums: clipping (``max_grad_norm``) sees the
+accumulated gradient, loss scaling checks and unscales it, and ``step``, the lr scheduler and
+``step_count`` advance once. BatchNorm running statistics are updated by every micro-batch in
+turn, as torch's. Dropout noise is drawn per micro-batch from the Trainer's generator.
+
+``step(batch)`` splits ``batch`` by rows into ``k`` micro-batches (``np.array_split``: sizes
+differ by 1 at most); ``fit`` takes ``k`` consecutive loader batches per step (the loader's
+``batch_size`` is the micro-batch), and an epoch whose batches do not divide by ``k`` ends with
+a step of what is left, as torch loops that step on the last batch do. A step's micro-batches
+run with Ctrl-C held back, so checkpoints fall on optimizer-step boundaries only (no partial
+sums are saved) and a resume replays the same groups. Not here: ``cuda_graph``, embeddings
+with ``max_norm`` and SyncBatchNorm (both refused), the per-step gradient norm (not recorded).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.errors import ArtifactsError, InputError
+from graphc.model.dtypes import to_onnx
+from graphc.passes.training.loss_scaling import state_names
+from graphc.runtime import averaging, metrics as metrics_lib
+from graphc.runtime.rows import batch_dim, by_rows
+from graphc.runtime.session import check_options
+from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
+
+__all__ = ["AccumulatingTrainer", "checked_accumulate"]
+
+
+def checked_accumulate(value: Any) -> int:
+    """``accumulate``: an int >= 1, the micro-batches per optimizer step."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {value!r}")
+    return int(value)
+
+
+class AccumulatingTrainer(Trainer):
+    """``Trainer`` stepping the optimizer once per ``accumulate`` micro-batches (module docstring)."""
+
+    _prediction_graph = "gradients"  # each micro-batch's prediction gives the train metrics
+
+    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
+                 tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
+                 accumulate: int = 1, **options: Any):
+        from graphc.backends import get_backend
+        from graphc.compile.training import CARRIED_ROLES, update_model, worker_gradients_model
+        from graphc.passes.training.accumulate import accumulate_graph
+
+        k = checked_accumulate(accumulate)
+        if options.get("cuda_graph"):
+            raise ValueError(f"cuda_graph replays the train_step graph, which accumulate={k} does not run (it runs "
+                             "the gradients and update graphs); leave out one of them")
+        check_options(options, TRAINER_OPTIONS, "Trainer")
+        resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
+        self.accumulate = k
+        self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
+        self._check_accumulable()
+        self._backend = get_backend(backend)
+        self.backend = self._backend.name
+        self._options = {**TRAINING_OPTIONS, **options}
+        carried = {e.name for e in m.graphs["train_step"].inputs if e.role in CARRIED_ROLES}
+        grads = worker_gradients_model(self.artifacts).proto  # with loss scaling: the scaled loss's
+        update = update_model(m).proto
+        entries = m.graphs["gradients"]
+        self._grad_names = [e.name for e in entries.outputs if e.role == "grad"]
+        self._grad_inputs = {v.name for v in grads.graph.input}
+        self._stats = [e.name for e in entries.outputs if e.role == "state"]  # "<stat>.next"
+        self._touched = [e.name for e in entries.outputs if e.role == "touched"]
+        self._update_inputs = {v.name for v in update.graph.input}
+        self._update_outputs = [v.name for v in update.graph.output]
+        self._grads = self._backend.prepare(without_initializers(grads, carried), **self._options)
+        self._train = self._backend.prepare(without_initializers(update, carried), **self._options)
+        by_name = {e.name: e for e in entries.outputs}
+        self._accumulate = self._backend.prepare(accumulate_graph(
+            [(n, to_onnx(by_name[n].dtype), by_name[n].shape) for n in self._grad_names], m.opset), **self._options)
+        self._grad_norm = None  # the update graph does not output it
+        self._graphed, self._in_place, self._feeds = None, set(), {}
+        self._metric_sums: Optional[dict[str, float]] = None
+        self._reset_state(self.artifacts.state)
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    def _check_accumulable(self) -> None:
+        """Refuse, saying why, artifacts whose micro-batches cannot add up to one batch's step."""
+        m, k = self.manifest, self.accumulate
+        loss = m.loss
+        if loss.get("kind") == "output":
+            raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: whether it is a mean "
+                                 f"or a sum over the rows is unknown, so accumulate={k} cannot weigh the "
+                                 "micro-batches' gradients; generate the artifacts with a gc.losses spec "
+                                 "(gc.losses.mse, cross_entropy, ...)")
+        if m.renormed:
+            raise ArtifactsError(f"accumulate={k}: an embedding with max_norm renormalises {m.renormed} in place "
+                                 "each step; gradient accumulation does not support it")
+        if self._synced():
+            raise ArtifactsError(f"accumulate={k}: SyncBatchNorm's gradients graph exchanges statistics between "
+                                 "workers; gradient accumulation does not support it")
+        outputs = {e.name for e in m.graphs["gradients"].outputs}
+        updated = set(m.feeds.values()) - set(state_names(m.loss_scale))  # not the loss scale: the update's
+        stale = [e.name for e in m.graphs["gradients"].inputs
+                 if e.role == "state" and e.name in updated and f"{e.name}.next" not in outputs]
+        if stale:
+            raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics {stale} "
+                                 "(artifacts from an older graphc): generate them again to train with "
+                                 f"accumulate={k}")
+
+    def _synced(self) -> bool:
+        from graphc.passes.values import EXCHANGE_KEY
+
+        graph = self.artifacts.gradients.proto.graph
+        return any(p.key == EXCHANGE_KEY for n in graph.node for p in n.metadata_props)
+
+    # -- steps ------------------------------------------------------------------------------------
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One optimizer step on ``batch`` split by rows into ``accumulate`` micro-batches (fewer
+        where it has fewer rows); returns the loss of the whole batch (the micro-batches' weighted
+        mean, or sum for a summed loss)."""
+        return self._step_on(self._split(batch))
+
+    def _split(self, batch: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        specs = [*self.batch_specs, *self.noise_specs]
+        dim = batch_dim(self.batch_specs)
+        split = {s.name for s in specs if by_rows(s, dim, computed=True) and s.name in batch}
+        if not split:
+            raise InputError(f"accumulate={self.accumulate}: no input of the training graphs starts with a "
+                             f"symbolic batch dim ({'; '.join(map(str, self.batch_specs))}), so step(batch) cannot "
+                             "split the batch into micro-batches")
+        rows = {len(batch[n]) for n in split}
+        if len(rows) > 1:
+            raise InputError(f"the batch's inputs {sorted(split)} have different numbers of rows "
+                             f"({sorted(rows)}); they must share the batch dim {dim!r}")
+        bounds = np.array_split(np.arange(rows.pop()), self.accumulate)
+        return [{n: (np.asarray(a)[b[0]:b[-1] + 1] if n in split else a) for n, a in batch.items()}
+                for b in bounds if len(b)]
+
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
+        """One optimizer step on the micro-batches ``batches``: each one's gradients added into
+        the sums by its share, then the update; returns the step's loss. A micro-batch that counts
+        for nothing (every label ignored) is left out, with a warning."""
+        loss_spec = self.manifest.loss
+        feeds = []
+        for index, batch in enumerate(batches):
+            f = self._batch_feeds(batch, self.batch_specs)
+            self._refuse_step(f)
+            rows = len(next(iter(f.values()))) if f else 0
+            weight = averaging.shard_weight(loss_spec, batch, rows)
+            if weight:
+                feeds.append((batch, f, weight, averaging.examples(loss_spec, batch, rows)))
+            else:
+                warnings.warn(f"micro-batch {index + 1} of {len(batches)}: no label in {loss_spec['label']!r} counts "
+                              "in the loss; left out of the step (its mean loss is 0/0)", stacklevel=3)
+        total = averaging.divisor(loss_spec, sum(w for _, _, w, _ in feeds), "the step's micro-batches")
+        wanted = self._prediction is not None and self._prediction in self._fetch
+        with self._interrupts:
+            state, sums, touched, loss = self._state, None, {}, 0.0
+            self._metric_sums = {} if wanted else None
+            for batch, f, weight, examples in feeds:
+                if self.noise_specs:
+                    f.update(self._noise_feeds(batch, f))
+                f.update({n: h for n, h in state.items() if n in self._grad_inputs})
+                host, device = self._grads.run_bound(f, ["loss", *self._touched, *([self._prediction] if wanted else [])],
+                                                     [*self._grad_names, *self._stats])
+                for out in self._stats:  # BatchNorm running statistics: every micro-batch's in turn, as torch's
+                    state[out[: -len(".next")]] = device[out]
+                for name in self._touched:  # stepped where any micro-batch read it
+                    touched[name] = np.logical_or(touched.get(name, False), host[name])
+                share = weight / total
+                loss += float(host["loss"]) * share
+                sums = self._add(sums, device, share)
+                if wanted:
+                    self._add_metrics(host, batch, examples)
+            self._update({**sums, **touched})
+            return loss
+
+    def _add(self, sums: Optional[dict[str, Any]], grads: Mapping[str, Any], share: float) -> dict[str, Any]:
+        """The running sums (None before a step's first micro-batch) plus ``grads`` times ``share``."""
+        from graphc.passes.training.accumulate import ACC_SUFFIX, FIRST, SHARE, SUM_SUFFIX
+
+        feeds: dict[str, Any] = {SHARE: np.asarray(share, np.float64), FIRST: np.asarray(sums is None)}
+        for name in self._grad_names:
+            feeds[name] = grads[name]
+            feeds[name + SUM_SUFFIX] = grads[name] if sums is None else sums[name]  # ignored on the first
+        _, device = self._accumulate.run_bound(feeds, (), [n + ACC_SUFFIX for n in self._grad_names])
+        return {name: device[name + ACC_SUFFIX] for name in self._grad_names}
+
+    def _update(self, grads: Mapping[str, Any]) -> None:
+        """The optimizer update from the accumulated ``grads``: params and state replaced."""
+        state = self._state
+        feeds = {**{n: h for n, h in state.items() if n in self._update_inputs}, **grads}
+        _, device = self._train.run_bound(feeds, (), self._update_outputs)
+        for out in self._update_outputs:
+            state[out[: -len(".next")]] = device[out]
+        self._in_model_order = None
+        self.step_count += 1
+
+    def _add_metrics(self, host: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray], examples: int) -> None:
+        loss = self.manifest.loss
+        for name, value in metrics_lib.sums(loss, {loss["output"]: host[self._prediction]}, batch, self.metrics,
+                                            examples).items():
+            self._metric_sums[name] = self._metric_sums.get(name, 0.0) + value
+
+    def _step_metric_sums(self, batch: Mapping[str, np.ndarray], examples: int) -> Optional[dict[str, float]]:
+        """The train metrics of the step just run, summed over its micro-batches (``_add_metrics``)."""
+        sums, self._metric_sums = self._metric_sums, None
+        return sums
