@@ -150,3 +150,28 @@ def test_refusals():
         gc.Trainer(arts, backend="numpy", accumulate=2, workers=2)
     with pytest.raises(ValueError, match="cuda_graph"):
         gc.Trainer(arts, backend="numpy", accumulate=2, cuda_graph=True)
+
+
+def test_cli_train_accumulate(tmp_path):
+    """``graphc train --accumulate 3`` trains as ``gc.Trainer(accumulate=3).fit`` does (the same
+    shuffled loader): 2 epochs of 6 batches, 4 optimizer steps."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = _data()
+    arts = _artifacts(_Net(), _optimizers("adamw", True)[0])
+    arts.save(tmp_path / "arts")
+    np.savez(tmp_path / "data.npz", **data)
+    graphc = str(Path(sys.executable).parent / "graphc")
+    r = subprocess.run([graphc, "train", str(tmp_path / "arts"), "--data", str(tmp_path / "data.npz"), "--epochs", "2",
+                        "--batch-size", str(BATCH), "--accumulate", "3", "--backend", "ort-cpu", "--no-progress",
+                        "--checkpoint", str(tmp_path / "ck")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    trained = gc.Trainer(tmp_path / "ck", backend="numpy")
+    assert trained.step_count == 4
+    here = gc.Trainer(arts, backend="numpy", accumulate=3)
+    here.fit(gc.data.DataLoader(data, batch_size=BATCH, seed=0), epochs=2, progress=False, quiet=True)
+    _assert_state(trained, here.state_dict())

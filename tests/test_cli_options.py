@@ -64,6 +64,7 @@ API_DEFAULTS = {
     ("train", "seed"): (gc.Trainer.__init__, "seed"),
     ("train", "tensorboard"): (gc.Trainer.__init__, "tensorboard"),
     ("train", "workers"): (gc.Trainer.__init__, "workers"),
+    ("train", "accumulate"): (gc.Trainer.__init__, "accumulate"),
     ("train", "ray_address"): (gc.Trainer.__init__, "ray_address"),
     ("train", "placement"): (DistributedTrainer.__init__, "placement"),
     ("train", "progress"): (gc.Trainer.fit, "progress"),

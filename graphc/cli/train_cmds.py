@@ -165,7 +165,11 @@ def train_cmd(
                                              help="Evaluation arrays: NAME, NAME_val or NAME_test for each input."),
     epochs: int = typer.Option(..., "--epochs", min=1, help="Train until this many epochs are done (a resumed "
                                "run counts the checkpoint's)."),
-    batch_size: int = typer.Option(..., "--batch-size", min=1, help="Samples per training step."),
+    batch_size: int = typer.Option(..., "--batch-size", min=1, help="Samples per training step (per micro-batch "
+                                   "with --accumulate)."),
+    accumulate: int = typer.Option(1, "--accumulate", min=1, metavar="K",
+                                   help="Micro-batches of --batch-size per optimizer step (gradient accumulation: "
+                                   "an effective batch of K x --batch-size; an epoch's last step takes what is left)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="DIR",
                                               help="Checkpoint directory (saved each epoch, and on Ctrl-C or SIGTERM)."),
@@ -273,7 +277,7 @@ def train_cmd(
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
-                         workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}),
+                         workers=workers, ray_address=ray_address, accumulate=accumulate, **({"cuda_graph": True} if cuda_graph else {}),
                          **({"placement": placement} if workers > 1 else {}))
     if resume:
         with _lr_note(trainer):
