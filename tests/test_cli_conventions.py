@@ -73,11 +73,6 @@ def test_inspect_json_describes_the_model(ws, capsys):
     assert said["parameters"] == {"elements": 8 * 16 + 16 + 3, "bytes": 4 * (8 * 16 + 16 + 3), "initializers": 3}
 
 
-def test_inspect_json_of_training_artifacts_says_to_inspect_a_graph(ws, capsys):
-    err = one_line_error(run_cli(capsys, "inspect", ws / "arts", "--json"))
-    assert "--json describes a model file" in err and "manifest.json" in err
-
-
 @pytest.mark.parametrize("bisect", [[], ["--bisect"]])
 def test_parity_json_is_the_report(ws, capsys, bisect):
     result = run_cli(capsys, "parity", ws / "mlp.onnx", "--json", "--dim", "batch=3", *bisect)

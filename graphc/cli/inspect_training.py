@@ -55,8 +55,9 @@ def train_step_file(path: Path, kind: str) -> Path:
     return artifacts / read_manifest(artifacts).graphs["train_step"].file
 
 
-def describe_artifacts(path: Path, console: Console) -> None:
-    """The loss, the optimizer, the batch inputs, the params and the graphs of an artifact directory."""
+def artifacts_facts(path: Path) -> dict:
+    """What `graphc inspect ARTIFACT_DIR` says, as data (`--json` prints it): the loss, the
+    optimizer, the batch inputs, the params and the graphs, read from the manifest."""
     from graphc.compile.training import STATE_FILE, read_manifest
 
     m = read_manifest(path)
@@ -64,65 +65,95 @@ def describe_artifacts(path: Path, console: Console) -> None:
     loss = dict(m.loss)
     kind, output, label = loss.pop("kind"), loss.pop("output", None), loss.pop("label", None)
     optimizer = dict(m.optimizer)
-    said = [f"[bold]training artifacts[/] {escape(str(path))}  ({m.format}, opset {m.opset})",
-            escape(f"loss: {kind} on {output!r}" + (f" (label input {label!r})" if label else "")
-                   + _settings(loss.pop("options", {}) | loss)),
-            f"optimizer: {optimizer.pop('kind')}{_settings(optimizer)}",
-            f"BatchNorm {m.batchnorm}; backward lowered for {m.device}" + ("; recomputes forward values"
-                                                                           if m.recompute else ""),
-            escape("metrics: " + (", ".join(m.metrics) or "the loss kind's defaults"))]
+    params = {e.name: e for e in step.inputs if e.role == "param"}
+    return {"kind": "artifacts", "path": str(path), "format": m.format, "opset": m.opset,
+            "loss": {"kind": kind, "output": output, "label": label, "settings": loss.pop("options", {}) | loss},
+            "optimizer": {"kind": optimizer.pop("kind"), "settings": optimizer},
+            "batchnorm": m.batchnorm, "device": m.device, "recompute": m.recompute, "metrics": list(m.metrics),
+            "batch_inputs": [{"name": e.name, "role": e.role, "dtype": e.dtype, "shape": e.shape}
+                             for e in step.inputs if e.role in ("data", "label")],
+            "params": {"trainable": list(m.trainable), "frozen": list(m.frozen), "constants": list(m.constants),
+                       "trainable_elements": sum(math.prod(params[n].shape) for n in m.trainable if n in params)},
+            "initial_state": {"file": STATE_FILE, "bytes": (path / STATE_FILE).stat().st_size},
+            "graphs": {key: entry.file for key, entry in m.graphs.items()}}
+
+
+def describe_artifacts(f: dict, console: Console) -> None:
+    """``artifacts_facts`` as `graphc inspect` prints them."""
+    loss, optimizer, params = f["loss"], f["optimizer"], f["params"]
+    said = [f"[bold]training artifacts[/] {escape(f['path'])}  ({f['format']}, opset {f['opset']})",
+            escape(f"loss: {loss['kind']} on {loss['output']!r}" + (f" (label input {loss['label']!r})"
+                                                                     if loss["label"] else "")
+                   + _settings(loss["settings"])),
+            f"optimizer: {optimizer['kind']}{_settings(optimizer['settings'])}",
+            f"BatchNorm {f['batchnorm']}; backward lowered for {f['device']}" + ("; recomputes forward values"
+                                                                                 if f["recompute"] else ""),
+            escape("metrics: " + (", ".join(f["metrics"]) or "the loss kind's defaults"))]
     for line in said:
         console.print(line, highlight=False, soft_wrap=True)
     batch = Table(title="batch inputs", title_justify="left")
     for column in ("name", "role", "dtype", "shape"):
         batch.add_column(column)
-    for entry in step.inputs:
-        if entry.role in ("data", "label"):
-            batch.add_row(escape(entry.name), entry.role, entry.dtype, escape(shape_text(entry.shape)))
+    for entry in f["batch_inputs"]:
+        batch.add_row(escape(entry["name"]), entry["role"], entry["dtype"], escape(shape_text(entry["shape"])))
     console.print(batch)
-    params = {e.name: e for e in step.inputs if e.role == "param"}
-    trainable = sum(math.prod(params[n].shape) for n in m.trainable if n in params)
-    console.print(f"params: {len(m.trainable)} trainable ({trainable:,} elements), {len(m.frozen)} frozen, "
-                  f"{len(m.constants)} exporter constants; initial state {STATE_FILE} "
-                  f"{(path / STATE_FILE).stat().st_size:,} bytes", highlight=False, soft_wrap=True)
-    console.print("graphs: " + ", ".join(f"{key} ({entry.file})" for key, entry in m.graphs.items()),
+    console.print(f"params: {len(params['trainable'])} trainable ({params['trainable_elements']:,} elements), "
+                  f"{len(params['frozen'])} frozen, {len(params['constants'])} exporter constants; initial state "
+                  f"{f['initial_state']['file']} {f['initial_state']['bytes']:,} bytes", highlight=False, soft_wrap=True)
+    console.print("graphs: " + ", ".join(f"{key} ({file})" for key, file in f["graphs"].items()),
                   highlight=False, soft_wrap=True)
 
 
-def describe_checkpoint(path: Path, console: Console) -> None:
-    """Where a checkpoint's run stands (steps, epochs, data, backend, seed), what it holds, and
-    the training graphs it belongs to."""
+def checkpoint_facts(path: Path) -> dict:
+    """What `graphc inspect CHECKPOINT` says, as data (`--json` prints it): where the run stands
+    (steps, epochs, data, backend, seed), what the file holds (elements by role), and the
+    ``artifacts_facts`` of the training graphs it belongs to (None where they are not found)."""
     from graphc.runtime.checkpoint import read_meta, read_tensor_table, resolve
     from graphc.runtime.checkpoint_folder import find_artifacts
-    from graphc.runtime.progress import plural
 
     meta = read_meta(path)
     table = read_tensor_table(path)
     target = resolve(path)
-    into = f", {meta.batch_in_epoch} batch(es) into epoch {meta.epoch + 1}" if meta.batch_in_epoch else ""
-    console.print(f"[bold]checkpoint[/] {escape(str(target))}  ({meta.format}, {target.stat().st_size:,} bytes)",
-                  highlight=False, soft_wrap=True)
-    console.print(f"run: step {meta.step}, {plural(meta.epoch, 'epoch')} done{into}; backend {meta.backend or '?'}, "
-                  f"seed {'?' if meta.seed is None else meta.seed}", highlight=False, soft_wrap=True)
-    if meta.loader is not None:
-        loader = meta.loader
-        console.print(f"data: {loader.num_samples:,} samples in batches of {loader.batch_size} "
-                      f"({'shuffled' if loader.shuffle else 'in order'}, seed {loader.seed}"
-                      f"{', last partial batch dropped' if loader.drop_last else ''})", highlight=False, soft_wrap=True)
     by_role: dict[str, int] = {}
     for name, (_, shape) in table.items():
         role = meta.roles.get(name, "other")
         by_role[role] = by_role.get(role, 0) + math.prod(shape)
-    console.print(f"tensors: {len(table)} ("
-                  + ", ".join(f"{role} {plural(n, 'element')}" for role, n in sorted(by_role.items())) + ")",
-                  highlight=False, soft_wrap=True)
+    loader = meta.loader
     artifacts = find_artifacts(path)
-    if artifacts is None:
-        console.print(escape(f"training graphs: not found (header records {meta.artifacts or 'none'!r})"),
+    return {"kind": "checkpoint", "path": str(target), "format": meta.format, "bytes": target.stat().st_size,
+            "step": meta.step, "epochs_done": meta.epoch, "batches_into_epoch": meta.batch_in_epoch,
+            "backend": meta.backend or None, "seed": meta.seed,
+            "data": None if loader is None else {"samples": loader.num_samples, "batch_size": loader.batch_size,
+                                                 "shuffle": loader.shuffle, "seed": loader.seed,
+                                                 "drop_last": loader.drop_last},
+            "tensors": {"count": len(table), "elements_by_role": dict(sorted(by_role.items()))},
+            "artifacts_recorded": meta.artifacts or None,
+            "artifacts": None if artifacts is None else artifacts_facts(artifacts)}
+
+
+def describe_checkpoint(f: dict, console: Console) -> None:
+    """``checkpoint_facts`` as `graphc inspect` prints them."""
+    from graphc.runtime.progress import plural
+
+    into = (f", {f['batches_into_epoch']} batch(es) into epoch {f['epochs_done'] + 1}"
+            if f["batches_into_epoch"] else "")
+    console.print(f"[bold]checkpoint[/] {escape(f['path'])}  ({f['format']}, {f['bytes']:,} bytes)",
+                  highlight=False, soft_wrap=True)
+    console.print(f"run: step {f['step']}, {plural(f['epochs_done'], 'epoch')} done{into}; backend {f['backend'] or '?'}, "
+                  f"seed {'?' if f['seed'] is None else f['seed']}", highlight=False, soft_wrap=True)
+    if (data := f["data"]) is not None:
+        console.print(f"data: {data['samples']:,} samples in batches of {data['batch_size']} "
+                      f"({'shuffled' if data['shuffle'] else 'in order'}, seed {data['seed']}"
+                      f"{', last partial batch dropped' if data['drop_last'] else ''})", highlight=False, soft_wrap=True)
+    console.print(f"tensors: {f['tensors']['count']} ("
+                  + ", ".join(f"{role} {plural(n, 'element')}" for role, n in f["tensors"]["elements_by_role"].items())
+                  + ")", highlight=False, soft_wrap=True)
+    if f["artifacts"] is None:
+        console.print(escape(f"training graphs: not found (header records {f['artifacts_recorded'] or 'none'!r})"),
                       highlight=False, soft_wrap=True)
         return
-    console.print(f"training graphs: {escape(str(artifacts))}", highlight=False, soft_wrap=True)
-    describe_artifacts(artifacts, console)
+    console.print(f"training graphs: {escape(f['artifacts']['path'])}", highlight=False, soft_wrap=True)
+    describe_artifacts(f["artifacts"], console)
 
 
 def _settings(values: dict) -> str:

@@ -15,7 +15,8 @@ from rich.table import Table
 from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, output_option, print_json
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
-from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
+from graphc.cli.inspect_training import (artifacts_facts, checked_kind, checkpoint_facts, describe_artifacts,
+                                        describe_checkpoint, shape_text)
 from graphc.errors import GraphcError, InputError, did_you_mean, first_few
 from graphc.model import EMITTED_OPSETS
 
@@ -141,23 +142,23 @@ def inspect_cmd(
     Shows the opset, the op histogram, parameter counts and bytes, and the FLOPs of MatMul,
     Gemm and Conv nodes for the dim sizes given with --dim. Training artifacts (graphc grad
     -o DIR): the loss, optimizer, batch inputs, params and graphs; a checkpoint (graphc train
-    --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts. --json: a
-    model's description as one JSON document."""
+    --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts. --json: the
+    same description as one JSON document."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
     from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
     kind = checked_kind(model_path)
     if kind is not None:
-        if as_json:
-            what = "training artifacts, whose manifest.json is JSON already" if kind == "artifacts" else "a checkpoint"
-            raise InputError(f"--json describes a model file, and {model_path} is {what}: inspect it without --json, "
-                             "or one of its .onnx graphs with --json")
         if dims:
             raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is "
                              f"{'training artifacts' if kind == 'artifacts' else 'a checkpoint'}: inspect one of its "
                              ".onnx graphs with --dim")
-        (describe_artifacts if kind == "artifacts" else describe_checkpoint)(model_path, console)
+        facts = (artifacts_facts if kind == "artifacts" else checkpoint_facts)(model_path)
+        if as_json:
+            print_json(facts)
+        else:
+            (describe_artifacts if kind == "artifacts" else describe_checkpoint)(facts, console)
         return
     sizes = parse_dims(dims)
     model = gc.load(model_path)
