@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types, check_writable_at, console,
                             deploy_app, keep_io_types_option, naming_opset, one_line_warnings)
+from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
 from graphc.errors import InputError
 
@@ -70,6 +71,7 @@ def check_deployable(model: Path, then: str = "deploy") -> None:
 
 @app.command("serve")
 def serve_cmd(
+    ctx: typer.Context,
     source: Path = typer.Argument(..., metavar="MODEL.onnx|REPO", help="An .onnx model or a Triton repository folder."),
     name: Optional[str] = typer.Option(None, "--name", help="Serve the model under this name (a repository: serve only it)."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS", help="Address to bind (loopback by default)."),
@@ -97,7 +99,7 @@ def serve_cmd(
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
     check_deployable(source, then="serve")
-    options = {} if threads is None else {"threads": threads}
+    options = backend_options(ctx, backend)
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
                                             ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),
                                             ("max_tensor_bytes", max_tensor_bytes), ("max_request_bytes", max_request_bytes),

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, given, output_option, print_json
+from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
@@ -90,7 +91,7 @@ def run_cmd(
     from graphc.runtime.session import Session
 
     output = chosen_output(output, out, required=False, file="outputs.npz")
-    options = {} if threads is None else {"threads": threads}
+    options = backend_options(ctx, backend)
     if given(ctx, "batch_size") and workers == 1:
         raise ValueError(f"--batch-size {batch_size} splits the inputs among --workers; without --workers N (N > 1) "
                          "they run as one batch")

@@ -17,6 +17,7 @@ from graphc.cli.app import (OUT_ALIAS, allow_uncalibrated_option, app, check_kee
                             chosen_output, console, err_console, given, keep_io_types_option, naming_opset,
                             one_line_warnings, output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
+from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.errors import did_you_mean
@@ -277,7 +278,7 @@ def train_cmd(
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
-                         workers=workers, ray_address=ray_address, accumulate=accumulate, **({"cuda_graph": True} if cuda_graph else {}),
+                         workers=workers, ray_address=ray_address, accumulate=accumulate, **backend_options(ctx, backend),
                          **({"placement": placement} if workers > 1 else {}))
     if resume:
         with _lr_note(trainer):
