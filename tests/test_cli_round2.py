@@ -141,3 +141,21 @@ def test_an_option_the_backend_acts_on_reaches_it(capsys, ws, monkeypatch):
     result = run_cli(capsys, "run", ws / "mlp.onnx", "-b", "ort-cpu", "--threads", "1", "-i", f"x={ws / 'x.npy'}")
     assert result.code == 0 and not result.err, result.err
     assert made == [("ort-cpu", {"threads": 1})]
+
+
+@pytest.mark.parametrize("command", [["run", "{ws}/mlp.onnx", "-i", "x={ws}/x.npy"], ["serve", "{ws}/mlp.onnx"]],
+                         ids=lambda c: c[0])
+def test_threads_is_one_option_alike_on_run_and_serve(capsys, ws, monkeypatch, command):
+    """A negative --threads was the backend's error naming `threads` (run), and serve's help gave no default."""
+    import typer
+
+    from graphc.cli import app
+    from graphc.serving import serve
+
+    monkeypatch.setattr(serve, "serve", lambda *a, **k: pytest.fail("served a negative --threads"))
+    result = run_cli(capsys, *(a.format(ws=ws) for a in command), "-b", "ort-cpu", "--threads", "-1")
+    assert result.code == 2 and "Invalid value for '--threads'" in result.err, result.err
+    helps = {name: next(p.help for p in typer.main.get_command(app).commands[name].params if p.name == "threads")
+             for name in ("run", "serve")}
+    assert helps["serve"] == helps["run"].replace("threads", "threads per model", 1)
+    assert "default or 0: onnxruntime's own count" in helps["run"]

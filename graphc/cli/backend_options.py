@@ -19,6 +19,13 @@ BACKEND_OPTIONS = {
 }
 
 
+def threads_option(per: str = "") -> Any:
+    """``--threads N`` (N >= 0), alike on every command that takes it; ``per`` says what each
+    count is for (`` per model``)."""
+    return typer.Option(None, "--threads", min=0, help=f"onnxruntime's intra-op threads{per} (-b ort-cpu or "
+                        "ort-cuda: numpy has none; default or 0: onnxruntime's own count).")
+
+
 def backend_options(ctx: typer.Context, backend: str) -> dict[str, Any]:
     """The command's ``BACKEND_OPTIONS`` given on its command line, as the keyword arguments of a
     Session, Trainer or server on ``backend``. One that backend ignores is an error naming the

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types, check_writable_at, console,
                             deploy_app, keep_io_types_option, naming_opset, one_line_warnings)
-from graphc.cli.backend_options import backend_options
+from graphc.cli.backend_options import backend_options, threads_option
 from graphc.cli.interrupted import wrote
 from graphc.errors import InputError
 
@@ -77,7 +77,7 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
+    threads: Optional[int] = threads_option(" per model"),
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above; default 256 MiB)."),
     max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above; default 32 MiB)."),
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),

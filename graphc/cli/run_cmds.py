@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, given, output_option, print_json
-from graphc.cli.backend_options import backend_options
+from graphc.cli.backend_options import backend_options, threads_option
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
@@ -81,7 +81,7 @@ def run_cmd(
     output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them); bfloat16 "
                                            "ones as float32, which .npz holds.", "FILE.npz"),
     out: Optional[Path] = OUT_ALIAS,
-    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime; default: its own)."),
+    threads: Optional[int] = threads_option(),
     workers: int = typer.Option(1, "--workers", min=1, help="Run batches on this many Ray workers (graphc[ray])."),
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Rows per batch with --workers."),
 ) -> None:
