@@ -137,7 +137,7 @@ CLI_ONLY = {
     ("inspect", "dims"): "sizes for the estimate; none given: every dim name counts as 1",
     ("parity", "inputs"): "feeds; none given: random_feeds",
     ("parity", "dims"): "random_feeds dims; none given: its default",
-    **{(c, "as_json"): "output form: tables, or one JSON document" for c in ("backends", "inspect", "parity")},
+    **{(c, "as_json"): "output form: tables, or one JSON document" for c in ("backends", "inspect", "parity", "train")},
     ("run", "inputs"): "feeds",
     **{(c, "output"): "required (chosen_output refuses None)" for c in ("capture", "optimize", "grad", "export")},
     ("run", "output"): "None: print the outputs",

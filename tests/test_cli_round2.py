@@ -159,3 +159,21 @@ def test_threads_is_one_option_alike_on_run_and_serve(capsys, ws, monkeypatch, c
              for name in ("run", "serve")}
     assert helps["serve"] == helps["run"].replace("threads", "threads per model", 1)
     assert "default or 0: onnxruntime's own count" in helps["run"]
+
+
+def test_train_json_is_the_runs_summary(capsys, ws, tmp_path):
+    """A script reading train's final metrics parsed the `done: ...` line; --json gives them as the --log records."""
+    args = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "2", "--batch-size", str(BATCH), "-b", "numpy",
+            "--checkpoint", tmp_path / "ck", "--log", tmp_path / "epochs.jsonl")
+    result = run_cli(capsys, *args, "--json")
+    assert result.code == 0, result.err
+    said = json.loads(result.out)  # stdout is the one document; the run's lines went to stderr
+    assert "training on numpy" in result.err and "done: loss" in result.err
+    logged = [json.loads(line) for line in (tmp_path / "epochs.jsonl").read_text().splitlines()]
+    assert said["epochs"] == [e | {"loss_scale": None, "skipped_steps": None} for e in logged]
+    assert (said["backend"], said["epochs_done"]) == ("numpy", 2)
+    assert said["steps"] == gc.runtime.checkpoint.read_meta(tmp_path / "ck").step == 2 * SAMPLES // BATCH
+    assert (said["checkpoint"], said["log"], said["plot"]) == (str(tmp_path / "ck"), str(tmp_path / "epochs.jsonl"), None)
+    again = run_cli(capsys, *args, "--resume", "--json")  # nothing left to train: still one document
+    assert again.code == 0 and json.loads(again.out)["epochs"] == [] and "nothing to train" in again.err
+    assert "--json prints no progress bar" in one_line_error(run_cli(capsys, *args, "--json", "--progress"))

@@ -59,7 +59,7 @@ def _root(debug: bool = typer.Option(False, "--debug/--no-debug", help="Show ful
 
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the result as one JSON document on stdout (for scripts) "
-                           "instead of tables.")
+                           "instead of tables and lines.")
 
 
 def print_json(data: Any) -> None:

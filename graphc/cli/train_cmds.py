@@ -13,9 +13,9 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (OUT_ALIAS, allow_uncalibrated_option, app, check_keep_io_types, check_writable_at,
-                            chosen_output, console, err_console, given, keep_io_types_option, naming_opset,
-                            one_line_warnings, output_option)
+from graphc.cli.app import (JSON_OPTION, OUT_ALIAS, allow_uncalibrated_option, app, check_keep_io_types,
+                            check_writable_at, chosen_output, console, err_console, given, keep_io_types_option,
+                            naming_opset, one_line_warnings, output_option, print_json)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
@@ -242,10 +242,13 @@ def train_cmd(
                                "steps with --schedule-interval step), then run --schedule (step, exponential, cosine)."),
     patience: int = typer.Option(10, "--patience", min=0, help="--schedule plateau: epochs without improvement "
                                  "before the lr drops."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Train artifacts on the arrays of an .npz file.
 
-    Exits 1 when training fails (e.g. the loss becomes NaN)."""
+    Exits 1 when training fails (e.g. the loss becomes NaN). --json: as --quiet, with the run's
+    lines on stderr, then its summary (backend, steps, each epoch's record as --log writes it,
+    samples/s, paths written) as one JSON document on stdout."""
     import graphc as gc
     from graphc.runtime.checkpoint import resolve
     from graphc.runtime.checkpoint_folder import check_training_source
@@ -261,8 +264,11 @@ def train_cmd(
     if changed_optimizer and fresh_optimizer:
         raise ValueError("--changed-optimizer carries the checkpoint's optimizer state over, --fresh-optimizer starts "
                          "it afresh: give one of them")
-    if quiet and given(ctx, "progress") and progress:
-        raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
+    for option, on in (("--quiet", quiet), ("--json", as_json)):
+        if on and given(ctx, "progress") and progress:
+            raise ValueError(f"{option} prints no progress bar: give {option} or --progress, not both")
+    quiet = quiet or as_json
+    out = err_console if as_json else console  # stdout holds the one JSON document
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
     _check_placement(ctx, placement, workers)
@@ -285,10 +291,10 @@ def train_cmd(
             trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer)
     resumed = None if fresh_optimizer else checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be one
     if fresh_optimizer:
-        console.print(escape(f"params from {checkpoint}; a new run with a fresh optimizer (step 0)"), highlight=False,
+        out.print(escape(f"params from {checkpoint}; a new run with a fresh optimizer (step 0)"), highlight=False,
                       soft_wrap=True)
     if resumed is not None:
-        console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
+        out.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
                       highlight=False, soft_wrap=True)
     train, test, test_source = load_data(data, trainer.batch_specs, eval_data, class_labels(trainer.manifest))
     fixed = _fixed_batch(trainer.batch_specs)
@@ -308,16 +314,18 @@ def train_cmd(
                  [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, len(loader))
     note = momentum_note(trainer)
     if note is not None:
-        console.print(escape(note), highlight=False, soft_wrap=True)
+        out.print(escape(note), highlight=False, soft_wrap=True)
     if resumed is not None and trainer.epoch >= epochs:
-        console.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
+        out.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
                       "raise --epochs to train on", highlight=False, soft_wrap=True)
+        if as_json:
+            print_json(_summary(trainer, None, checkpoint=checkpoint, log=log, plot=plot, tensorboard=tensorboard))
         return
     todo = "" if not trainer.epoch else (f", epoch {epochs}" if trainer.epoch + 1 == epochs
                                          else f", epochs {trainer.epoch + 1}-{epochs}")
-    console.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
+    out.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
                   f"{plural(epochs, 'epoch')}{todo}", highlight=False, soft_wrap=True)
-    console.print(escape(f"evaluating on {test_source}") if test else "no evaluation arrays (NAME_val or NAME_test in "
+    out.print(escape(f"evaluating on {test_source}") if test else "no evaluation arrays (NAME_val or NAME_test in "
                   "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         with _sigterm_as_ctrl_c():
@@ -341,21 +349,32 @@ def train_cmd(
         err_console.print(f"[bold red]training failed:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if log is not None:
-        console.print(escape(f"epoch log: {log}"), highlight=False, soft_wrap=True)
+        out.print(escape(f"epoch log: {log}"), highlight=False, soft_wrap=True)
     if plot is not None:
-        console.print(escape(f"loss curve: {plot}"), highlight=False, soft_wrap=True)
+        out.print(escape(f"loss curve: {plot}"), highlight=False, soft_wrap=True)
     if tensorboard is not None:
-        console.print(escape(f"TensorBoard logs: {tensorboard} (tensorboard --logdir {tensorboard})"), highlight=False,
+        out.print(escape(f"TensorBoard logs: {tensorboard} (tensorboard --logdir {tensorboard})"), highlight=False,
                       soft_wrap=True)
     last = history.epochs[-1] if history.epochs else None
     if last is not None:
-        console.print(f"done: loss {last.loss:.4f}"
+        out.print(f"done: loss {last.loss:.4f}"
                       + "".join(f", eval {k} {v:.4f}" for k, v in last.eval.items())
                       + f", {history.throughput:,.0f} samples/s", highlight=False, soft_wrap=True)
     if checkpoint is not None:
-        console.print(escape(f"checkpoint: {checkpoint}"), highlight=False, soft_wrap=True)
+        out.print(escape(f"checkpoint: {checkpoint}"), highlight=False, soft_wrap=True)
     else:
-        console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
+        out.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
+    if as_json:
+        print_json(_summary(trainer, history, checkpoint=checkpoint, log=log, plot=plot, tensorboard=tensorboard))
+
+
+def _summary(trainer, history, **paths: Optional[Path]) -> dict:
+    """`graphc train --json`'s document: the run's backend and steps, this run's epoch records
+    (none where nothing was left to train), its samples/s and the paths it wrote (null: not asked for)."""
+    return {"backend": trainer.backend, "steps": trainer.step_count, "epochs_done": trainer.epoch,
+            "epochs": [] if history is None else [e.model_dump(mode="json") for e in history.epochs],
+            "samples_per_s": None if history is None else history.throughput,
+            **{name: None if path is None else str(path) for name, path in paths.items()}}
 
 
 def _check_placement(ctx: typer.Context, placement: str, workers: int) -> None:
