@@ -177,3 +177,18 @@ def test_train_json_is_the_runs_summary(capsys, ws, tmp_path):
     again = run_cli(capsys, *args, "--resume", "--json")  # nothing left to train: still one document
     assert again.code == 0 and json.loads(again.out)["epochs"] == [] and "nothing to train" in again.err
     assert "--json prints no progress bar" in one_line_error(run_cli(capsys, *args, "--json", "--progress"))
+
+
+def test_cuda_graph_reaches_the_trainer_on_ort_cuda(capsys, ws, monkeypatch):
+    """The option's way to the Trainer, checked where no GPU is: the Trainer is the test's."""
+    made = []
+
+    def trainer(*args, **kwargs):
+        made.append(kwargs)
+        raise gc.GraphcError("stopped here: the test's Trainer")
+
+    monkeypatch.setattr(gc, "Trainer", trainer)
+    train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8", "-b", "ort-cuda")
+    assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--cuda-graph"))
+    assert "the test's Trainer" in one_line_error(run_cli(capsys, *train))
+    assert [(k["backend"], k.get("cuda_graph")) for k in made] == [("ort-cuda", True), ("ort-cuda", None)]
