@@ -142,7 +142,7 @@ CLI_ONLY = {
     **{(c, "output"): "required (chosen_output refuses None)" for c in ("capture", "optimize", "grad", "export")},
     ("run", "output"): "None: print the outputs",
     ("run", "workers"): "1: one Session in this process (map_batches' None would use every CPU of the cluster)",
-    ("view", "output"): "None: netron when installed, else MODEL.html beside the model",
+    ("view", "output"): "None: netron when installed, else MODEL.html in the current directory",
     ("demo", "output"): "None: run_demo's out (test_demo_output_default_is_run_demos)",
     ("deploy triton", "gpu"): "instance='gpu' if given else 'cpu' (test_deploy_gpu_flag_default_is_cpu)",
     ("serve", "threads"): "None: onnxruntime's own thread count (session options)",
