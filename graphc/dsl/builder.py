@@ -29,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
+from graphc.dsl import seeding
 from graphc.errors import CaptureError, GraphError
 from graphc.model import EMITTED_OPSETS
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
@@ -225,8 +226,7 @@ class Builder:
         self.finishers: dict[str, Callable[[ir.Model], None]] = {}
         self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
-        self.rng = np.random.default_rng(seed)
-        self.node_seeds = np.random.SeedSequence(seed)  # random nodes' seed attributes (ops_random.node_seed)
+        self.rng, self.node_seeds = seeding.streams(seed)  # parameters'; random nodes' seed attributes (node_seed)
         self.dim_sources: dict[str, tuple[ir.Value, int]] = {}  # a dim name -> (a graph input, its axis)
         self.values: dict[int, np.ndarray] = {}
         self.consts: dict[int, np.ndarray] = {}
@@ -456,10 +456,11 @@ def ir_shape(shape: Sequence | None) -> ir.Shape | None:
 class Outside(Builder):
     """Where DSL ops go outside any capture, as torch's in a module's ``__init__`` (``nn.Parameter(1e-6 *
     gc.ones(dim))``): each node is evaluated and dropped, its outputs' arrays kept while they live. ``np.asarray``
-    of such a Tensor is its value; a capture reads one as a constant (``ops.emit``). Random draws: seed 0 per thread."""
+    of such a Tensor is its value; a capture reads one as a constant (``ops.emit``). Random draws: per thread, from
+    ``gc.manual_seed``'s seed (0 unless set)."""
 
     def __init__(self) -> None:
-        super().__init__(21, training=False, eager=True)
+        super().__init__(21, training=False, eager=True, seed=seeding.initial_seed())
 
     def emit(self, *args: Any, **kwargs: Any) -> list[ir.Value]:
         outs = super().emit(*args, **kwargs)

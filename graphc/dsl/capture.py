@@ -16,6 +16,7 @@ from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor method
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
 from graphc.dsl.builder import Builder, raised_at
+from graphc.dsl.seeding import initial_seed
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
@@ -66,7 +67,7 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
                            + (f" ({', '.join(unknown)} not a parameter)" if unknown else ""))
 
 
-def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
+def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int | None = None,
             training: bool | None = None, **inputs: Any) -> Model:
     """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.
 
@@ -75,8 +76,9 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
     ``training``: None captures each module in its own mode (``.train()``/``.eval()``; modules
     start in eval mode); True or False puts every sub-module of a captured Module in that mode
-    for this capture only. An exception the captured code raises (a ``RuntimeError``, an
-    ``AttributeError`` for a misspelled layer, ...) becomes a ``CaptureError`` naming its type,
+    for this capture only. ``seed`` None: ``gc.initial_seed()`` (0 unless ``gc.manual_seed`` set
+    it). An exception the captured code raises (a ``RuntimeError``, an ``AttributeError`` for a
+    misspelled layer, ...) becomes a ``CaptureError`` naming its type,
     message and ``file.py:LINE``, the original as its ``__cause__``; graphc's own errors pass as
     they are.
 
@@ -95,6 +97,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     forced = module if training is not None else None
     if training is None:
         training = bool(module is not None and module.training)
+    seed = initial_seed() if seed is None else seed
     builder = Builder(opset, training, eager, seed)
     graph_inputs, tensors = [], {}
     for key, (sp, arr) in specs.items():

@@ -17,6 +17,7 @@ import numpy as np
 
 from graphc.dsl.builder import active, user_source
 from graphc.dsl.devices import is_device
+from graphc.dsl.seeding import initial_seed
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
@@ -260,11 +261,12 @@ class Module:
         return (p for _, p in self.named_buffers(recurse=recurse))
 
     # -- state ----------------------------------------------------------------------------------
-    def init_parameters(self, seed: int = 0, *, keep_drawn: bool = False) -> "Module":
+    def init_parameters(self, seed: int | None = None, *, keep_drawn: bool = False) -> "Module":
         """Draw every parameter and buffer the user did not set, in definition order, from
-        ``numpy.random.default_rng(seed)``; name each by its attribute path. ``keep_drawn`` (what
-        ``gc.capture`` asks): one already drawn (by an earlier call or capture) keeps its values."""
-        rng = np.random.default_rng(seed)
+        ``numpy.random.default_rng(seed)`` (None: ``gc.initial_seed()``, 0 unless ``gc.manual_seed`` set it); name
+        each by its attribute path. ``keep_drawn`` (what ``gc.capture`` asks): one already drawn (by an earlier call
+        or capture) keeps its values."""
+        rng = np.random.default_rng(initial_seed() if seed is None else seed)
         seen: set[int] = set()
         for path, mod in self.named_modules():
             object.__setattr__(mod, "_path", path)
@@ -282,7 +284,7 @@ class Module:
         after ``prefix``, as arrays (``keep_vars``: the ``Parameter`` objects), put into ``destination`` when
         given; a tensor or module shared by two modules appears under both keys, as in PyTorch."""
         if not all(p.drawn for _, p in self._named_tensors()):
-            self.init_parameters(0)
+            self.init_parameters()
         out = {} if destination is None else destination
         for name, p in self._named_tensors(remove_duplicate=False):
             if p.persistent:
