@@ -83,7 +83,7 @@ _SAMPLE_OPS = "rand randn randint rand_like randn_like randint_like randperm nor
 _FACTORIES_OPS = ("eye linspace logspace range empty empty_like scalar_tensor tensor as_tensor asarray tril_indices "
                   "triu_indices meshgrid cartesian_prod combinations block_diag vander unravel_index tensordot "
                   "column_stack hstack vstack row_stack dstack concatenate result_type promote_types can_cast "
-                  "broadcast_shapes").split()
+                  "broadcast_shapes from_numpy").split()
 _SPECTRAL_OPS = "hann_window hamming_window blackman_window bartlett_window kaiser_window stft istft".split()
 # torch's remaining top-level aliases, in-place forms and *_copy functions (graphc.dsl.ops_aliases)
 _ALIASES_OPS = (
@@ -122,10 +122,14 @@ _TORCH_COVERAGE_OPS = {
     "ops_torch_misc": "nonzero_static unsafe_chunk unsafe_split unsafe_split_with_sizes angle binomial",
     "ops_segment": "segment_reduce",
     "ops_cells": "rnn_tanh_cell rnn_relu_cell lstm_cell gru_cell convolution conv_tbc",
-    "grad_mode": "set_grad_enabled enable_grad is_grad_enabled inference_mode",
+    "grad_mode": "set_grad_enabled enable_grad is_grad_enabled inference_mode is_inference_mode_enabled",
     "ops_fractional": ("fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
                        "fractional_max_pool3d_with_indices"),
 }
+_SETTINGS_OPS = ("get_default_dtype set_default_dtype use_deterministic_algorithms "
+                 "are_deterministic_algorithms_enabled is_deterministic_algorithms_warn_only_enabled").split()
+_REFUSED_OPS = ("view_as_real view_as_complex view_as_real_copy view_as_complex_copy polar complex save "
+                "get_num_threads set_num_threads").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -165,6 +169,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "func": ("graphc.nn.func", None),
     **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
+    # torch's names that model files and training scripts use beside the ops (the torch names sweep)
+    **{op: ("graphc.model.dtype_limits", op) for op in ("finfo", "iinfo")},
+    **{op: ("graphc.dsl.seeding", op) for op in ("manual_seed", "initial_seed")},
+    **{op: ("graphc.dsl.torch_settings", op) for op in _SETTINGS_OPS},
+    **{op: ("graphc.dsl.refusals", op) for op in _REFUSED_OPS},
+    "compile": ("graphc.compile", None),  # the sub-package, callable as torch.compile
+    "is_tensor": ("graphc.nn.parameter", "is_tensor"),
+    "Size": ("graphc.dsl.tensor", "Size"),
     **{op: ("graphc.dsl.ops_gamma_grad", op) for op in _GAMMA_GRAD_OPS},
     "linalg": ("graphc.dsl.linalg", None),
     "distributions": ("graphc.dsl.distributions", None),

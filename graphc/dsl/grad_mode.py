@@ -1,14 +1,18 @@
 """torch's grad-mode switches over ``gc.no_grad``'s machinery: ``set_grad_enabled`` (a call, or a
 ``with`` block that restores the mode on exit), ``enable_grad``, ``is_grad_enabled`` and
-``inference_mode`` (``no_grad`` for a graph: there is no version counter to skip)."""
+``inference_mode`` (``no_grad`` for a graph: there is no version counter to skip) with
+``is_inference_mode_enabled``."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 
 from graphc.dsl.builder import grad_mode, restore_grad_mode, set_grad_mode
 from graphc.errors import CaptureError
+
+_INFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("graphc_inference_mode", default=False)
 
 
 def _mode(fn: str, name: str, mode: object) -> bool:
@@ -49,13 +53,20 @@ def is_grad_enabled() -> bool:
 
 @contextlib.contextmanager
 def inference_mode(mode: bool = True) -> Iterator[None]:
-    """``torch.inference_mode(mode=True)``: ``gc.no_grad`` when ``mode``, else nothing changes."""
-    state = set_grad_mode(False) if _mode("inference_mode", "mode", mode) else None
+    """``torch.inference_mode(mode=True)``: ``gc.no_grad`` when ``mode``; ``mode=False`` turns gradients on for
+    its block, inside an inference-mode or no_grad block too, as torch's."""
+    state = set_grad_mode(not _mode("inference_mode", "mode", mode))
+    token = _INFERENCE.set(mode)
     try:
         yield
     finally:
-        if state is not None:
-            restore_grad_mode(state)
+        _INFERENCE.reset(token)
+        restore_grad_mode(state)
 
 
-__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled"]
+def is_inference_mode_enabled() -> bool:
+    """``torch.is_inference_mode_enabled()``: whether the innermost ``inference_mode`` block is on."""
+    return _INFERENCE.get()
+
+
+__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "set_grad_enabled"]

@@ -86,7 +86,7 @@ def _view(self: Tensor, *shape: Any) -> Tensor:
 
 def _size(self: Tensor, dim: int | None = None) -> Any:
     """``x.size()`` is the shape (ints and dim names); ``x.size(d)`` one dim."""
-    return tuple(self.shape) if dim is None else self.shape[dim]
+    return self.shape if dim is None else self.shape[dim]
 
 
 def _new_full(self: Tensor, size: Any, fill_value: Any, dtype: Any = None) -> Tensor:

@@ -160,6 +160,15 @@ def as_tensor(data: Any, dtype: Any = None) -> Tensor:
 asarray = as_tensor
 
 
+def from_numpy(ndarray: np.ndarray) -> Tensor:
+    """``torch.from_numpy``: a Tensor of the array's values and dtype (float64 kept), a constant in a capture; it
+    holds the values of the call (no memory is shared with the array, as no graphc Tensor is written in place)."""
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"gc.from_numpy: expected np.ndarray (got {type(ndarray).__name__}); gc.tensor takes "
+                        f"Python data")
+    return as_tensor(ndarray)
+
+
 def _trilu_indices(fn: str, row: int, col: int, offset: int, dtype: Any) -> Tensor:
     row, col = _count(row, "row", fn), _count(col, "col", fn)
     pick = np.tril_indices if fn == "tril_indices" else np.triu_indices
@@ -427,7 +436,7 @@ def broadcast_shapes(*shapes: Any) -> tuple:
 
 
 __all__ = [
-    "as_tensor", "asarray", "block_diag", "broadcast_shapes", "can_cast", "cartesian_prod", "column_stack",
+    "as_tensor", "asarray", "block_diag", "from_numpy", "broadcast_shapes", "can_cast", "cartesian_prod", "column_stack",
     "combinations", "concatenate", "dstack", "empty", "empty_like", "eye", "hstack", "linspace", "logspace",
     "meshgrid", "new_empty", "new_tensor", "promote_types", "range", "result_type", "row_stack", "scalar_tensor",
     "tensor", "tensordot", "tril_indices", "triu_indices", "unravel_index", "vander", "vstack",

@@ -31,6 +31,21 @@ class DimName(str):
         return str, (str(self),)
 
 
+class Size(tuple):
+    """``torch.Size``: what ``.shape`` and ``.size()`` of a Tensor or Parameter are, a tuple of ints and ``DimName``s
+    (symbolic dims) with torch's ``numel()``; a slice of one is one (``x.shape[:-1]``); ``gc.Size([2, 3])``."""
+
+    __slots__ = ()
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        return Size(item) if isinstance(index, slice) else item
+
+    def numel(self) -> Any:
+        """The product of the dims (a ``DimName``'s arithmetic where one is symbolic)."""
+        return math.prod(self)
+
+
 class Tensor:
     """A value in the graph being captured. Operators record ONNX nodes.
 
@@ -68,12 +83,10 @@ class Tensor:
         return as_dtype(int(self.value.dtype))
 
     @property
-    def shape(self) -> tuple | None:
-        """Ints, ``DimName``s (symbolic dims) and None (unknown dims); None where the rank is unknown."""
+    def shape(self) -> Size | None:
+        """A ``Size`` of ints, ``DimName``s (symbolic dims) and None (unknown dims); None where the rank is unknown."""
         shape = static_shape(self.value)
-        if shape is None or not any(isinstance(d, str) for d in shape):
-            return shape
-        return tuple(DimName(d) if isinstance(d, str) else d for d in shape)
+        return None if shape is None else Size(DimName(d) if isinstance(d, str) else d for d in shape)
 
     @property
     def ndim(self) -> int:

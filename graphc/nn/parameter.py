@@ -11,7 +11,7 @@ import numpy as np
 
 from graphc.dsl.builder import Builder, user_source
 from graphc.dsl.ops import detach
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import Size, Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.nn import draws
@@ -40,7 +40,7 @@ class Parameter:
             data = data.astype(to_numpy(as_dtype(dtype)))
         if shape is None:
             raise CaptureError("gc.nn.Parameter needs data or a shape")
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = Size(int(d) for d in shape)
         self.dtype = as_dtype("float32" if dtype is None else dtype)
         self.init = init or draws.zeros
         self.buffer = buffer
@@ -163,3 +163,9 @@ def read_param(builder: Builder, owner: Any, attr: str, param: Parameter) -> Ten
     if key not in builder.param_tensors:
         builder.param_tensors[key] = detach(tensor)
     return builder.param_tensors[key]
+
+
+def is_tensor(obj: Any) -> bool:
+    """``torch.is_tensor``: whether ``obj`` is a ``gc.Tensor`` or a ``gc.nn.Parameter`` (torch's Parameter is a
+    Tensor); a numpy array is not, as torch's answer for one."""
+    return isinstance(obj, (Tensor, Parameter))
