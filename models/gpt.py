@@ -68,9 +68,9 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # weight tying: one parameter, two uses
         for _, module in self.named_modules():  # GPT-2's init: N(0, 0.02) weights, zero biases
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.init = nn.init.normal(0.0, 0.02)
+                nn.init.normal_(module.weight, 0.0, 0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.init = nn.init.zeros
+                nn.init.zeros_(module.bias)
 
     def forward(self, idx):
         t = idx.shape[1]  # an int, or a dim name: then positions past block_size fail at run time
