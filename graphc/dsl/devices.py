@@ -1,5 +1,5 @@
 """torch's devices in a graph that has none (a gc.Session's backend places it): ``gc.device``, ``x.device``, and
-the factory keywords (``device=``, ``requires_grad=``, ``layout=``, ``pin_memory=``) checked and dropped."""
+the factory keywords (``device=``, ``requires_grad=``, ``layout=``, ``pin_memory=``) checked and dropped; torch's ``out=`` refused (``refuse_out``)."""
 
 from __future__ import annotations
 
@@ -40,15 +40,29 @@ def is_device(arg: Any) -> bool:
                                                  bool(_DEVICE.fullmatch(str(getattr(arg, "type", "")))))
 
 
+def check_device(where: str, device: Any) -> None:
+    """Refuse a ``device`` that is neither None nor a device (``is_device``), naming ``where``; a device is
+    dropped: a capture has none, and ``"cuda"`` runs on the GPU when the session's backend is ``"ort-cuda"``."""
+    if device is not None and not is_device(device):
+        raise CaptureError(f"{where}(device={device!r}): expected a device (cpu, cuda[:N], mps, xpu, hip, meta) "
+                           f"at {user_source()}")
+
+
+def refuse_out(where: str, out: Any) -> None:
+    """A CaptureError for torch's ``out=`` (given, not None): a graph's values are never written into a
+    tensor given beforehand; use the returned one."""
+    if out is not None:
+        raise CaptureError(f"{where}(out=...): graphc does not write into a given tensor; use the returned one "
+                           f"(at {user_source()})")
+
+
 def factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` taking torch's factory keywords too: ``device`` (a device, dropped), ``requires_grad=False``,
     ``layout`` (strided), ``pin_memory``; a CaptureError naming the keyword for any other value."""
     @functools.wraps(fn)
     def made(*args: Any, device: Any = None, requires_grad: bool = False, layout: Any = None,
              pin_memory: bool = False, **kwargs: Any) -> Any:
-        if device is not None and not is_device(device):
-            raise CaptureError(f"{fn.__name__}(device={device!r}): expected a device (cpu, cuda[:N], mps, xpu, hip, "
-                               f"meta) at {user_source()}")
+        check_device(fn.__name__, device)
         if requires_grad:
             raise CaptureError(f"{fn.__name__}(requires_grad=True) at {user_source()}: a graph trains its "
                                f"gc.nn.Parameters; make the tensor one (nn.Parameter(gc.{fn.__name__}(...))) in "
@@ -59,4 +73,4 @@ def factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     return made
 
 
-__all__ = ["device", "factory", "is_device"]
+__all__ = ["check_device", "device", "factory", "is_device", "refuse_out"]

@@ -26,7 +26,7 @@ from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.devices import factory
+from graphc.dsl.devices import factory, refuse_out
 
 # -- elementwise ------------------------------------------------------------------------------
 
@@ -510,8 +510,9 @@ def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
 
 @autocast_op()
 @in_float32
-def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim``."""
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Tensor:
+    """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim`` (``out=`` refused)."""
+    refuse_out("normalize", out)
     if p != 2.0:
         raise CaptureError(f"normalize supports p=2, got p={p} (at {user_source()})")
     x = lift(x)

@@ -423,11 +423,21 @@ _RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear",
 
 
 def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-                align_corners: bool | None = None) -> Tensor:
+                align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
+                antialias: bool = False) -> Tensor:
     """``torch.nn.functional.interpolate`` for modes nearest, (bi/tri)linear and bicubic, by ``size``
-    or ``scale_factor``. Signature: ai.onnx@19::Resize"""
+    or ``scale_factor``; ``recompute_scale_factor=True`` resizes to torch's ``floor(n * factor)`` sizes
+    (static spatial dims), ``antialias=True`` is refused. Signature: ai.onnx@19::Resize"""
     x = lift(x)
     nd = x.ndim - 2
+    if antialias:
+        raise CaptureError(f"interpolate(antialias=True) is not supported: resize without it (at {user_source()})")
+    if recompute_scale_factor and scale_factor is not None:
+        dims = x.shape[2:]
+        if not all(isinstance(n, int) for n in dims):
+            raise op_error("Resize", [x], "recompute_scale_factor=True needs static spatial dims", user_source())
+        factors = scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * nd
+        size, scale_factor = [math.floor(n * float(f)) for n, f in zip(dims, factors)], None
     if mode not in _RESIZE_MODES:
         raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted(_RESIZE_MODES)} (at {user_source()})")
     if (size is None) == (scale_factor is None):

@@ -10,6 +10,7 @@ from typing import Any
 
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
+from graphc.dsl.devices import refuse_out
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, same_dtype,
                             scalar, sqrt)
@@ -193,11 +194,14 @@ def all(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A
 
 
 @autocast_op()
-def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
+def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, out: Any = None,
+         dtype: Any = None) -> Tensor:
     """``torch.norm`` / ``torch.linalg.vector_norm`` over ``dim`` (None: all): ``p`` 2 or "fro", 1,
     ``inf``, ``-inf``, 0 (the count of nonzeros) or any other number (``sum(|x|**p)**(1/p)``); the
-    gradient at a zero vector is 0, as torch's, not nan."""
-    x = to_float(lift(x))
+    gradient at a zero vector is 0, as torch's, not nan. ``dtype`` casts ``x`` first, as torch's;
+    ``out=`` is refused."""
+    refuse_out("norm", out)
+    x = to_float(lift(x) if dtype is None else cast(lift(x), dtype))
     if p in (2, "fro"):
         return _root_or_zero(reduce_sum(x * x, dim, keepdim), sqrt)
     if not isinstance(p, (int, float)):

@@ -3,6 +3,7 @@ torch's ``inplace`` argument are ``InPlace`` layers."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from graphc.dsl import ops, ops_layers
@@ -11,6 +12,8 @@ from graphc.dsl.ops_random import rrelu
 from graphc.nn.draws import constant as _constant
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.nn.signatures import takes_device
 
 
 class InPlace(Module):
@@ -88,6 +91,7 @@ class Softplus(Module):
         return f"beta={self.beta}, threshold={self.threshold}"
 
 
+@takes_device
 class PReLU(Module):
     """``weight [num_parameters]`` filled with ``init`` (0.25); one slope, or one per channel."""
 
@@ -107,8 +111,19 @@ class PReLU(Module):
 class Hardtanh(InPlace):
     shown = ("min_val", "max_val")
 
-    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False,
+                 min_value: float | None = None, max_value: float | None = None):
+        """``min_value``/``max_value``: torch's deprecated names, which win over ``min_val``/``max_val``,
+        with torch's FutureWarning."""
         super().__init__(inplace)
+        for old, value in (("min_value", min_value), ("max_value", max_value)):
+            if value is not None:
+                warnings.warn(f"keyword argument `{old}` is deprecated and renamed to `{old[:7]}`", FutureWarning,
+                              stacklevel=2)
+        min_val = min_val if min_value is None else min_value
+        max_val = max_val if max_value is None else max_value
+        if not max_val > min_val:
+            raise CaptureError(f"Hardtanh: max_val {max_val} must be greater than min_val {min_val}")
         self.min_val, self.max_val = min_val, max_val
 
     def forward(self, x: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ from graphc.errors import CaptureError
 from graphc.nn.containers import ModuleList, Sequential
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module
+from graphc.nn.signatures import takes_device
 
 __all__ = ["AdaptiveLogSoftmaxWithLoss", "ASMOutput"]
 
@@ -39,6 +40,7 @@ class ASMOutput(NamedTuple):
     loss: Tensor
 
 
+@takes_device
 class AdaptiveLogSoftmaxWithLoss(Module):
     """``torch.nn.AdaptiveLogSoftmaxWithLoss(in_features, n_classes, cutoffs, div_value=4.0,
     head_bias=False)``: ``forward(input, target) -> ASMOutput(output, loss)`` for ``(N,

@@ -19,8 +19,10 @@ from graphc.nn.module import Module
 from graphc.nn.pooling import LocalResponseNorm
 from graphc.nn.rnn import RNNBase
 from graphc.nn.rnn_cells import RNNCellBase
+from graphc.nn.signatures import takes_device
 
 
+@takes_device
 class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
     unused). Its BatchNormalization node (without running statistics: its mean, centring and variance

@@ -12,8 +12,10 @@ from graphc.errors import CaptureError
 from graphc.nn import draws
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
+from graphc.nn.signatures import takes_device
 
 
+@takes_device
 class MultiheadAttention(Module):
     """Scaled dot-product attention over ``num_heads`` heads.
 

@@ -14,10 +14,12 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
+from graphc.nn.signatures import takes_device
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
+@takes_device
 class _ConvNd(Module):
     """Weight ``[out, in/groups, *k]`` (``[in, out/groups, *k]`` transposed), kaiming-uniform;
     bias U(+-1/sqrt(fan_in)) with PyTorch's fan_in of that weight. A ``padding_mode`` other than
@@ -99,6 +101,7 @@ class Conv3d(_ConvNd):
     conv = staticmethod(ops_layers.conv3d)
 
 
+@takes_device
 class _ConvTransposeNd(_ConvNd):
     transposed = True
 

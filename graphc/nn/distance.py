@@ -10,8 +10,10 @@ from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distan
 from graphc.dsl.tensor import Tensor
 from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
+from graphc.nn.signatures import takes_device
 
 
+@takes_device
 class Bilinear(Module):
     """``y = x1^T weight x2 + bias``: ``weight [out_features, in1_features, in2_features]``,
     ``bias [out_features]``, both U(+-1/sqrt(in1_features)) as PyTorch's."""

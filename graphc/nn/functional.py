@@ -2,7 +2,7 @@
 ``torch.nn.functional``'s and ``torch``'s names, in one namespace. Where a ``gc.`` function's
 signature differs from torch's (``axis`` for ``dim``), the version here takes torch's."""
 
-from graphc.dsl import ops
+from graphc.dsl import ops, ops_layers
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, reshape,
                             sigmoid, sqrt, stack, tanh, where)
 from graphc.dsl.inplace import into, writes_input
@@ -25,9 +25,9 @@ from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, inde
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, conv_transpose3d, elu, glu, group_norm,
                                    hardshrink, hardsigmoid,
-                                   hardswish, hardtanh, instance_norm, interpolate, leaky_relu, logsigmoid, max_pool1d,
+                                   hardswish, hardtanh, interpolate, leaky_relu, logsigmoid, max_pool1d,
                                    mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
-                                   silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
+                                   silu, softplus, softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool1d_with_indices,
                                  adaptive_max_pool2d, adaptive_max_pool2d_with_indices, adaptive_max_pool3d,
                                  adaptive_max_pool3d_with_indices, avg_pool3d, local_response_norm, lp_pool1d,
@@ -35,6 +35,7 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
                                  max_pool3d_with_indices, max_unpool1d, max_unpool2d, max_unpool3d)
 from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
                                     upsample_bilinear, upsample_nearest)
+from graphc.dsl import ops_aliases
 from graphc.dsl.ops_aliases import native_channel_shuffle
 from graphc.dsl.ops_fractional import (fractional_max_pool2d, fractional_max_pool2d_with_indices,
                                        fractional_max_pool3d, fractional_max_pool3d_with_indices)
@@ -68,20 +69,40 @@ from graphc.dsl.ops_elementwise import (absolute, acos, acosh, arccos, arccosh, 
                                         negative, positive, rad2deg, sgn, signbit, sinc, sinh, tan)
 
 
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,  # noqa: A002
+                  use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5):
+    """``torch.nn.functional.instance_norm``, torch's order: each sample's own statistics, or with
+    ``use_input_stats=False`` ``running_mean``/``running_var`` (which torch would otherwise update in
+    place: refused, ``gc.instance_norm``)."""
+    return ops_aliases.instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum,
+                                     eps, True)
+
+
 @writes_input
 def relu(input, inplace: bool = False):  # noqa: A002
     """``torch.nn.functional.relu(input, inplace=False)``: ``inplace=True`` writes into ``input`` and returns it."""
     return into(input, ops.relu(input), inplace)
 
 
-def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
-    """``torch.nn.functional.softmax(input, dim)``."""
-    return ops.softmax(input, dim)
+def _in(input, dtype):  # noqa: A002
+    """``input``, cast to ``dtype`` first when given, as torch's softmaxes' ``dtype=``."""
+    return input if dtype is None else cast(ops.lift(input), dtype)
 
 
-def log_softmax(input, dim: int = -1):  # noqa: A002
-    """``torch.nn.functional.log_softmax(input, dim)``."""
-    return ops.log_softmax(input, dim)
+def softmax(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002 - torch's names
+    """``torch.nn.functional.softmax(input, dim, dtype=None)``: ``dtype`` casts ``input`` first (``_stacklevel``,
+    torch's warning depth, is unused)."""
+    return ops.softmax(_in(input, dtype), dim)
+
+
+def softmin(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002
+    """``torch.nn.functional.softmin(input, dim, dtype=None)``: ``softmax(-input)``."""
+    return ops_layers.softmin(_in(input, dtype), dim)
+
+
+def log_softmax(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002
+    """``torch.nn.functional.log_softmax(input, dim, dtype=None)``."""
+    return ops.log_softmax(_in(input, dtype), dim)
 
 
 def sum(input, *args, **kwargs):  # noqa: A001, A002 - torch's names
@@ -193,3 +214,11 @@ __all__ += ["geqrf", "orgqr", "ormqr"]
 from graphc.dsl.ops_cells import conv_tbc  # noqa: E402
 
 __all__ += ["conv_tbc"]
+
+# torch's parameter names as keywords (``F.relu6(input=x)``), graphc's (``x=``) still bound
+from graphc.nn.signatures import torch_names as _torch_names  # noqa: E402
+
+_TORCH_NAMES = {"one_hot": {"x": "tensor"}, "split": {"x": "tensor"}, "embedding": {"indices": "input"}}
+for _name in __all__:
+    globals()[_name] = _torch_names(globals()[_name], _TORCH_NAMES.get(_name))
+del _name

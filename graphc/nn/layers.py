@@ -19,8 +19,10 @@ from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import not_default
 from graphc.nn.sparse import embedding_weight, padding_row_init, pretrained
 from graphc.passes.values import SYNC_BATCHNORM_KEY
+from graphc.nn.signatures import takes_device
 
 
+@takes_device
 class Linear(Module):
     """``y = x @ weight.T + bias``; ``weight`` is ``[out_features, in_features]``."""
 
@@ -96,6 +98,7 @@ class AdaptiveAvgPool2d(Module):
         return f"output_size={self.output_size}"
 
 
+@takes_device
 class _BatchNorm(Module):
     _ranks: tuple[int, ...]  # the input ranks torch takes, and their layout
     _layout: str
@@ -161,6 +164,7 @@ class BatchNorm3d(_BatchNorm):
     _ranks, _layout = (5,), "(N, C, D, H, W)"
 
 
+@takes_device
 class LayerNorm(Module):
     def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, dtype: Any = "float32"):
@@ -181,6 +185,7 @@ class Dropout(DropoutLayer):
     fn = staticmethod(ops_nn.dropout)
 
 
+@takes_device
 class Embedding(Module):
     """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1), the ``padding_idx``
     row zero; ``forward`` is ``F.embedding`` with the module's arguments: as in PyTorch the padding

@@ -17,6 +17,7 @@ from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspos
 from graphc.nn.layers import BatchNorm1d, BatchNorm2d, BatchNorm3d, Linear
 from graphc.nn.module import Module
 from graphc.nn.norm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
+from graphc.nn.signatures import takes_device
 
 
 class _Lazy(Module):
@@ -128,13 +129,14 @@ class LazyBatchNorm3d(_Lazy):
     cls_to_become = BatchNorm3d
 
 
+@takes_device
 class _LazyInstanceNorm(_Lazy):
     """torch's defaults, which differ from the instance norms': ``affine=True,
     track_running_stats=True``."""
 
     def __init__(self, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, dtype: Any = "float32"):
-        super().__init__(eps, momentum, affine, track_running_stats, dtype)
+                 track_running_stats: bool = True, dtype: Any = "float32", *, bias: bool = True):
+        super().__init__(eps, momentum, affine, track_running_stats, dtype, bias=bias)
 
     def _size_dim(self, x: Any) -> int:
         """dim 0 of an unbatched ``(C, *spatial)`` input."""

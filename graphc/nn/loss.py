@@ -43,14 +43,32 @@ def _reduction(size_average: bool | None, reduce: bool | None, reduction: str) -
 # -- the functional forms (torch.nn.functional) --------------------------------------------------------------------
 
 
+def _weighted(name: str, loss: Callable[..., Tensor], input: Tensor, target: Tensor,  # noqa: A002
+              reduction: str, weight: Any, *args: Any, by_weights: bool = True) -> Tensor:
+    """``loss(input, target, reduction, *args)``; with torch 2.13's ``weight`` (one per element, ``input``'s
+    shape) each unreduced loss times its weight, ``"mean"`` their sum over the weights' sum (``by_weights``,
+    torch's mse and l1) or their mean (torch's huber)."""
+    if weight is None:
+        return loss(input, target, reduction, *args)
+    losses.check_reduction(name, reduction)
+    input, weight = ops.lift(input), losses.like_dtype(weight, ops.lift(input))
+    if weight.shape != input.shape:
+        raise CaptureError(f"{name}: weight's shape {weight.shape} must be input's {input.shape} (one weight per "
+                           f"element, as torch's)")
+    out = loss(input, target, "none", *args) * weight
+    if reduction == "mean":
+        return ops.sum(out) / ops.sum(weight) if by_weights else ops.mean(out)
+    return out if reduction == "none" else ops.sum(out)
+
+
 def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
-             reduction: str = "mean") -> Tensor:
-    return losses.mse(input, target, _reduction(size_average, reduce, reduction))
+             reduction: str = "mean", weight: Any = None) -> Tensor:
+    return _weighted("mse_loss", losses.mse, input, target, _reduction(size_average, reduce, reduction), weight)
 
 
 def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
-            reduction: str = "mean") -> Tensor:
-    return losses.l1(input, target, _reduction(size_average, reduce, reduction))
+            reduction: str = "mean", weight: Any = None) -> Tensor:
+    return _weighted("l1_loss", losses.l1, input, target, _reduction(size_average, reduce, reduction), weight)
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None,  # noqa: A002
@@ -58,8 +76,9 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = No
     return losses.smooth_l1(input, target, _reduction(size_average, reduce, reduction), beta)
 
 
-def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:  # noqa: A002
-    return losses.huber(input, target, reduction, delta)
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,  # noqa: A002
+               weight: Any = None) -> Tensor:
+    return _weighted("huber_loss", losses.huber, input, target, reduction, weight, delta, by_weights=False)
 
 
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Any = None,  # noqa: A002

@@ -14,19 +14,21 @@ from graphc.nn import draws
 from graphc.nn.layers import BatchNormBase, affine_repr
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
+from graphc.nn.signatures import takes_device
 
 
+@takes_device
 class GroupNorm(Module):
-    """``weight``/``bias`` ``[num_channels]`` (ones, zeros) when ``affine``."""
+    """``weight``/``bias`` ``[num_channels]`` (ones, zeros) when ``affine`` (no ``bias`` with ``bias=False``)."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
-                 dtype: Any = "float32"):
+                 dtype: Any = "float32", *, bias: bool = True):
         super().__init__()
         if num_channels % num_groups:
             raise CaptureError(f"GroupNorm: num_channels {num_channels} must be divisible by num_groups {num_groups}")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight = Parameter(shape=(num_channels,), init=draws.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_channels,), init=draws.zeros, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_channels,), init=draws.zeros, dtype=dtype) if affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -35,6 +37,7 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, {affine_repr(self)}"
 
 
+@takes_device
 class _InstanceNorm(Module):
     """PyTorch's defaults: ``affine=False``, no running statistics (the batch's own, in training
     and inference alike). With ``track_running_stats`` the buffers ``running_mean``/``running_var``
@@ -98,6 +101,7 @@ class InstanceNorm3d(_InstanceNorm):
     layout = "C, D, H, W"
 
 
+@takes_device
 class RMSNorm(Module):
     """``weight`` of ``normalized_shape`` (ones) when ``elementwise_affine``; ``eps=None`` is the
     dtype's machine epsilon."""

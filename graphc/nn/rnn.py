@@ -22,6 +22,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
 from graphc.nn.rnn_projected import projected_layer
 from graphc.nn.utils.rnn import PackedSequence
+from graphc.nn.signatures import takes_device
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
@@ -43,6 +44,7 @@ def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int
         setattr(module, f"weight_hr{suffix}", Parameter(shape=(proj_size, hidden_size), init=draw, dtype=dtype))
 
 
+@takes_device
 class _RNNBase(Module):
     op = ""
 
@@ -162,6 +164,7 @@ class RNN(_RNNBase):
     op = "RNN"
 
 
+@takes_device
 class GRU(_RNNBase):
     """``out, h_n = gru(x, h0=None)``."""
 
@@ -172,6 +175,7 @@ class GRU(_RNNBase):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype)
 
 
+@takes_device
 class LSTM(_RNNBase):
     """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``. With ``proj_size`` P (torch's LSTM with projections:
     ``h = (o tanh(c)) @ weight_hr.T``, ``out`` and ``h_n`` of width P) each layer is written in the DSL's ops

@@ -18,10 +18,12 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module
 from graphc.nn.rnn import add_gate_parameters
+from graphc.nn.signatures import takes_device
 
 _NONLINEARITIES = {"tanh": rnn_tanh_cell, "relu": rnn_relu_cell}
 
 
+@takes_device
 class _Cell(Module):
     gates = 1
 
@@ -64,6 +66,7 @@ class _Cell(Module):
                 + ("" if nonlinearity == "tanh" else f", nonlinearity={nonlinearity}"))
 
 
+@takes_device
 class RNNCell(_Cell):
     """``h' = nonlinearity(x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh)``;
     ``forward(input, hx=None) -> h'``."""

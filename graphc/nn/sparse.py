@@ -13,6 +13,7 @@ from graphc.errors import CaptureError
 from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import not_default
+from graphc.nn.signatures import takes_device
 
 
 def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, draws.Init]:
@@ -60,6 +61,7 @@ def pretrained(cls: type, embeddings: Any, freeze: bool, **kwargs: Any) -> Modul
     return module
 
 
+@takes_device
 class EmbeddingBag(Module):
     """``weight [num_embeddings, embedding_dim]`` drawn from N(0, 1) (the ``padding_idx`` row zero);
     ``forward(input, offsets=None, per_sample_weights=None)`` is ``F.embedding_bag`` with the

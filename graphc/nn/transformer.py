@@ -22,6 +22,7 @@ from graphc.nn.layers import Dropout, LayerNorm, Linear
 from graphc.nn.module import Module
 from graphc.dsl.ops_layers import causal_mask
 from graphc.dsl.tensor import Tensor
+from graphc.nn.signatures import takes_device
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
 
@@ -82,6 +83,7 @@ class _TransformerLayer(Module):
                                             need_weights=False)[0])
 
 
+@takes_device
 class TransformerEncoderLayer(_TransformerLayer):
     """``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; with
     ``is_causal`` and no ``src_mask`` the causal mask is built in the graph."""
@@ -102,6 +104,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         return self.norm2(x + self._ff_block(x))
 
 
+@takes_device
 class TransformerDecoderLayer(_TransformerLayer):
     """``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False)``."""
@@ -177,6 +180,7 @@ class TransformerDecoder(_Stack):
         return self._finish(tgt)
 
 
+@takes_device
 class Transformer(Module):
     """``torch.nn.Transformer``: ``encoder`` (a ``TransformerEncoder`` of ``num_encoder_layers``
     layers and a final ``LayerNorm``) and ``decoder`` (likewise), or ``custom_encoder`` /

@@ -14,12 +14,14 @@ class Upsample(Module):
     """``interpolate`` by ``size`` or ``scale_factor``; modes nearest, (bi/tri)linear, bicubic."""
 
     def __init__(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-                 align_corners: bool | None = None):
+                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None):
         super().__init__()
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+        self.recompute_scale_factor = recompute_scale_factor
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+        return ops_layers.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                                      self.recompute_scale_factor)
 
     def extra_repr(self) -> str:
         """torch's: the scale factor (as floats, as torch keeps it) or else the size, then the mode."""
