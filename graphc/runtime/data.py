@@ -24,7 +24,7 @@ from graphc.errors import InputError
 from graphc.model.dtypes import TensorSpec, type_text
 from graphc.runtime.feeds import dtype_name
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "RayDataLoader"]
 
 _DONE = object()
 
@@ -199,28 +199,53 @@ class DataLoader:
         a fixed batch dim must equal ``batch_size`` and every batch must be full). ``labels``:
         int64 class-label inputs that take uint8 arrays too (the Trainer casts each batch's).
         """
-        for spec in specs:
-            if spec.name not in self.arrays:
-                raise InputError(
-                    f"the data has no array {spec.name!r} for the model input {spec}; "
-                    f"arrays given: {', '.join(sorted(self.arrays))}")
-            _check_array(spec, self.arrays[spec.name], self, spec.name in labels)
+        check_arrays(specs, self.arrays, self, labels)
+
+
+def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray], loader: Any,
+                 labels: Collection[str] = ()) -> None:
+    """``DataLoader.check_against`` on ``arrays`` (a ``RayDataLoader``'s are stand-ins of its columns)."""
+    for spec in specs:
+        if spec.name not in arrays:
+            raise InputError(
+                f"the data has no array {spec.name!r} for the model input {spec}; "
+                f"arrays given: {', '.join(sorted(arrays))}")
+        _check_array(spec, arrays[spec.name], loader, spec.name in labels)
+
+
+def replays(loader: Any) -> bool:
+    """Whether ``loader`` is a ``DataLoader`` or a ``gc.data.RayDataLoader``: both serve any batch of
+    any epoch again from their settings (without importing Ray: where ``ray_data`` is not loaded,
+    ``loader`` cannot be a ``RayDataLoader``)."""
+    import sys
+
+    module = sys.modules.get("graphc.runtime.ray_data")
+    return isinstance(loader, DataLoader) or (module is not None and isinstance(loader, module.RayDataLoader))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayDataLoader":  # API: gc.data.RayDataLoader, imported once asked for
+        from graphc.runtime.ray_data import RayDataLoader
+
+        return RayDataLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_training_loader(loader: Any) -> None:
-    """``TypeError`` unless ``loader`` is a ``DataLoader``: a checkpoint records its settings and a
-    resumed run replays its order from them, mid-epoch, which no other iterable allows."""
-    if not isinstance(loader, DataLoader):
+    """``TypeError`` unless ``loader`` is a ``DataLoader`` or a ``RayDataLoader``: a checkpoint records
+    its settings and a resumed run replays its order from them, mid-epoch, which no other iterable allows."""
+    if not replays(loader):
         raise TypeError("fit trains from a gc.data.DataLoader (a checkpoint records its settings, and a resumed run "
                         "replays its batches from them, from the middle of an epoch on, which a list, a generator or a "
                         f"torch DataLoader cannot do); got {_kind(loader)}: make one from the arrays, "
-                        "gc.data.DataLoader({'x': x, 'y': y}, batch_size=64)")
+                        "gc.data.DataLoader({'x': x, 'y': y}, batch_size=64), or from a ray.data.Dataset, "
+                        "gc.data.RayDataLoader(dataset, batch_size=64)")
 
 
 def check_eval_loader(loader: Any, passes: int = 1) -> None:
     """``TypeError`` unless ``loader`` is what an evaluation reads (``eval_batches``) and gives
     its batches ``passes`` times (an iterator gives them once)."""
-    if isinstance(loader, DataLoader):
+    if replays(loader):
         return
     if isinstance(loader, Mapping):
         raise TypeError("the eval loader is a dict, one batch: give an iterable of batch dicts (a list of them, a "
@@ -238,7 +263,7 @@ def eval_batches(loader: Any) -> Iterator[Mapping[str, Any]]:
     """The batches an evaluation reads from ``loader``: a ``DataLoader``'s (epoch 0), or any other
     iterable's dicts of arrays by input name (a list of them, a generator, a torch DataLoader whose
     dataset gives dicts); ``TypeError`` for one that is not a dict, ``ValueError`` for none at all."""
-    if isinstance(loader, DataLoader):
+    if replays(loader):
         yield from loader.iter_epoch(0)
         return
     check_eval_loader(loader)
@@ -273,7 +298,7 @@ def _kind(value: Any) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader, label: bool = False) -> None:
+def _check_array(spec: TensorSpec, array: np.ndarray, loader: Any, label: bool = False) -> None:
     got = type_text(array.dtype, array.shape)
     if dtype_name(array.dtype) != spec.dtype and not (label and array.dtype == np.uint8):
         raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "

@@ -68,7 +68,7 @@ from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.runtime import averaging, checkpoint as ckpt, checkpoint_folder, momentum as momentum_lib, resume_rules
 from graphc.runtime import metrics as metrics_lib, params_only
 from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
-                                 first_non_finite)
+                                 first_non_finite, replays)
 from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
@@ -691,8 +691,9 @@ class Trainer:
         if self.epoch < epochs:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
-            check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
-            check_probabilities(self.manifest, loader.arrays, "the training loader")
+            if isinstance(loader, DataLoader):  # a RayDataLoader's rows are checked batch by batch, as read
+                check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
+                check_probabilities(self.manifest, loader.arrays, "the training loader")
             if self._scheduler is not None:
                 k = self.accumulate  # a step per k batches, the epoch's last of those left
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, -(-self.batch_in_epoch // k),
@@ -709,7 +710,7 @@ class Trainer:
         if plot is not None:
             check_plot(plot)
         loader.check_against(self.batch_specs, self._class_labels)
-        if isinstance(eval_loader, DataLoader):
+        if replays(eval_loader):
             self._eval_exe()
             eval_loader.check_against(self._eval_specs, self._class_labels)
         self._use_loader(loader)

@@ -1,13 +1,22 @@
-"""What the data-parallel driver iterates in ``fit`` over a ``gc.data.DataLoader`` the workers
-hold: batch positions with shape stand-ins, not the data (each worker reads its own rows)."""
+"""What the data-parallel driver iterates in ``fit`` over a ``gc.data.DataLoader`` (or
+``RayDataLoader``) the workers hold: batch positions with shape stand-ins, not the data (each worker
+reads its own rows)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from graphc.runtime.data import DataLoader
+from graphc.runtime.ray_data import RayDataLoader
 
-__all__ = ["LoaderBatch", "ReadOnWorkers"]
+__all__ = ["LoaderBatch", "ReadOnWorkers", "read_on_workers"]
+
+
+def read_on_workers(loader) -> bool:
+    """Whether the workers read ``loader``'s batches themselves: a ``DataLoader`` or ``RayDataLoader``
+    iterated as the class does (a subclass's own ``iter_epoch`` runs on the driver)."""
+    return any(isinstance(loader, kind) and type(loader).iter_epoch is kind.iter_epoch
+               for kind in (DataLoader, RayDataLoader))
 
 
 class LoaderBatch(dict):

@@ -5,7 +5,8 @@ uneven batch gives the first shards one row more; with a BatchNorm that has one 
 channel per row, BatchNorm1d on ``[N, C]``, a train step's ``R``-row batch goes to the first
 ``min(N, R // 2)`` workers so no shard has 1 row, the others get none and count for nothing), one
 per worker, a Ray actor holding the ``gradients`` and optimizer ``update`` graphs on its own backend
-(``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
+(``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` (or ``RayDataLoader``: the
+driver reads the labels alone, each worker a pipeline of its rows, ``graphc.runtime.ray_data``) each worker reads its
 own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
 message is the batch's position and the shard's rows), so the global order is the loader's, as
 in one process; ``step(batch)`` and evaluation send each worker its shard. One actor call per
@@ -49,9 +50,8 @@ import numpy as np
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
 from graphc.runtime.distributed.connection import Connection, DrivesWorkers
-from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
-from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers
+from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers, read_on_workers
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.placement import actor_options, restartable, worker_names
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
@@ -458,11 +458,11 @@ class DistributedTrainer(Trainer, DrivesWorkers):
 
     def _fit_epoch(self, loader, history: History, *args: Any) -> None:
         """The epoch as ``Trainer._fit_epoch``, from the state ``_remember`` keeps (the last
-        epoch's scheduler step made); a ``gc.data.DataLoader`` (iterated as the class does) is
+        epoch's scheduler step made); a ``gc.data.DataLoader`` or ``RayDataLoader`` (iterated as the class does) is
         read by the workers, the first time from the object store."""
         self._history = history
         self._remember()
-        if isinstance(loader, DataLoader) and type(loader).iter_epoch is DataLoader.iter_epoch:
+        if read_on_workers(loader):
             if self._loader_sent is not loader:
                 shared = self._ray.put(loader)
                 self._get([r.use_loader.remote(shared) for r in self._replicas], "sending the data loader")
