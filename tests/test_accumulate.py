@@ -59,8 +59,9 @@ def _artifacts(net: _Net, optimizer):
                                 gc.losses.cross_entropy("output", label="y"), optimizer)
 
 
-def _torch_fit(twin, make_opt, data, k: int, epochs: int, clip: bool, gamma: float = None):
-    """The torch loop: each group of k loader batches (in order) one optimizer step."""
+def _torch_fit(twin, make_opt, data, k: int, epochs: int, clip: bool, gamma: float = None, norms: list = None):
+    """The torch loop: each group of k loader batches (in order) one optimizer step; ``norms``
+    gets each step's clip_grad_norm_ return."""
     opt = make_opt(twin.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=gamma) if gamma else None
     x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
@@ -74,7 +75,9 @@ def _torch_fit(twin, make_opt, data, k: int, epochs: int, clip: bool, gamma: flo
                 loss = torch.nn.functional.cross_entropy(twin(x[s]), y[s]) * (len(x[s]) / total)
                 loss.backward()
             if clip:
-                torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.05)
+                norm = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.05)
+                if norms is not None:
+                    norms.append(float(norm))
             opt.step()
             if sched:
                 sched.step()
@@ -170,7 +173,7 @@ def test_cli_train_accumulate(tmp_path):
                         "--checkpoint", str(tmp_path / "ck")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
-    trained = gc.Trainer(tmp_path / "ck", backend="numpy")
+    trained = gc.Trainer(tmp_path / "ck", backend="numpy", accumulate=3)  # the checkpoint's k (it refuses another)
     assert trained.step_count == 4
     here = gc.Trainer(arts, backend="numpy", accumulate=3)
     here.fit(gc.data.DataLoader(data, batch_size=BATCH, seed=0), epochs=2, progress=False, quiet=True)

@@ -102,10 +102,11 @@ def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: 
 
 
 def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimizer: bool = False,
-                     fresh_optimizer: bool = False) -> None:
+                     fresh_optimizer: bool = False, accumulate: int = 1) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
     ``path`` (none of another model's is there); with ``resume`` one is there to continue (of
-    the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``; with
+    the graphs' optimizer unless ``changed_optimizer``, trainable set and ``accumulate``:
+    ``resume_rules``; with
     ``fresh_optimizer`` its params are taken, ``params_only``, and the run replaces it), without
     it none is there to be overwritten by a fresh run."""
     from graphc.runtime import params_only
@@ -128,7 +129,7 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
         if fresh_optimizer:  # its params, from the header as the load will check them; the run replaces the rest
             params_only.check(path, *header, manifest)
         elif resume:  # what differs as a change of settings, before check_owner takes it for another model's
-            _check_resume(path, *header, manifest, changed_optimizer)
+            _check_resume(path, *header, manifest, changed_optimizer, accumulate)
     header = writable_header(path, header)[1]  # only a graphc checkpoint is there to be replaced
     if source is not None:  # another model's checkpoint is named here
         check_owner(path, manifest.carried(), target.resolve() if fresh_optimizer else None, header)
@@ -138,18 +139,29 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
                               f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
 
 
-def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: bool) -> None:
+def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: bool, accumulate: int) -> None:
     """``resume_rules``' refusals of a checkpoint (``meta``, ``tensors``) trained with another
-    optimizer or trainable set than the graphs of ``manifest``, their advice as this command's."""
+    optimizer, trainable set or ``--accumulate`` than the graphs of ``manifest`` and this run,
+    their advice as this command's."""
     from graphc.runtime import resume_rules
     from graphc.runtime.checkpoint import CheckpointError
 
     try:  # the lr is warned of by load_checkpoint, later
-        resume_rules.check_resume(path, meta, tensors, manifest, manifest.carried(), changed_optimizer, warn_lr=False)
+        resume_rules.check_resume(path, meta, tensors, manifest, manifest.carried(), changed_optimizer, warn_lr=False,
+                                  accumulate=accumulate)
+    except resume_rules.AccumulateChanged as exc:
+        raise _in_cli_words(exc) from None
     except resume_rules.OptimizerChanged as exc:
         raise CheckpointError(exc.words("--changed-optimizer", "--fresh-optimizer")) from None
     except resume_rules.StateChanged as exc:
         raise CheckpointError(exc.words("--fresh-optimizer")) from None
+
+
+def _in_cli_words(exc):
+    """``resume_rules.AccumulateChanged`` as a ``CheckpointError`` naming this command's options."""
+    from graphc.runtime.checkpoint import CheckpointError
+
+    return CheckpointError(exc.words("--accumulate ", "--resume --fresh-optimizer"))
 
 
 @app.command("train")
@@ -250,6 +262,7 @@ def train_cmd(
     lines on stderr, then its summary (backend, steps, each epoch's record as --log writes it,
     samples/s, paths written) as one JSON document on stdout."""
     import graphc as gc
+    from graphc.runtime import resume_rules
     from graphc.runtime.checkpoint import resolve
     from graphc.runtime.checkpoint_folder import check_training_source
     from graphc.runtime.history import check_plot, log_format
@@ -282,10 +295,14 @@ def train_cmd(
         log_format(log)
     check_training_source(artifacts)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer)
-    trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
-                         workers=workers, ray_address=ray_address, accumulate=accumulate, **backend_options(ctx, backend),
-                         **({"placement": placement} if workers > 1 else {}))
+        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer, accumulate)
+    try:  # ARTIFACTS may be a checkpoint, resumed here
+        trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
+                             workers=workers, ray_address=ray_address, accumulate=accumulate,
+                             **backend_options(ctx, backend),
+                             **({"placement": placement} if workers > 1 else {}))
+    except resume_rules.AccumulateChanged as exc:
+        raise _in_cli_words(exc) from None
     if resume:
         with _lr_note(trainer):
             trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer)

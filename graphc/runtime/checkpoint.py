@@ -151,6 +151,7 @@ class CheckpointMeta(BaseModel):
     schedule: str = ""                # the lr scheduler's state as JSON text (Trainer.schedule_state), if one ran
     optimizer: dict[str, Any] = {}    # the optimizer spec the run trained with (``resume_rules``); {} before it was kept
     graphs: str = ""                  # ``Manifest.digest()`` of the graphs the tensors belong to; "" before it was kept
+    accumulate: Optional[PositiveInt] = None  # micro-batches per optimizer step (``resume_rules``); None: 1, not kept
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
     _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
@@ -208,6 +209,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["optimizer"] = True
         if not meta.graphs:  # nor one from before the graphs' digest was kept
             exclude["graphs"] = True
+        if meta.accumulate is None:  # nor one from before the micro-batches per step were kept
+            exclude["accumulate"] = True
         if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
             exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields

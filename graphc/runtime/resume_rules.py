@@ -18,6 +18,11 @@ fails naming the change before any step, never trains silently on something else
   they hold a frozen param's initial value as a constant, and Adam's step count is one for all
   (per param only for params gated by a data-dependent branch). The refusal names the
   params-only resume (``fresh_optimizer=True``, ``graphc.runtime.params_only``) as the way on.
+- gradient accumulation (``accumulate=k``, micro-batches per optimizer step): another k makes
+  each step average other batches, the steps per epoch (and a per-step lr schedule) another
+  count, a mid-epoch position fall in other groups; torch would go on, as another run. A
+  ``CheckpointError`` names both k (a checkpoint from before k was kept ran with 1), the k to
+  resume with and the params-only resume (``AccumulateChanged``).
 - the loader mid-epoch: another batch size, seed, shuffle or sample count would cover the rest
   of the epoch with other samples (some twice, some never), another drop_last with other batches,
   other data of the same length (the loaders' fingerprints) with other values: refused until the
@@ -34,7 +39,7 @@ from graphc.passes.training.adam_moments import sum_name
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["LrChanged", "OptimizerChanged", "StateChanged", "check_position", "check_resume", "check_state_fits", "check_trainable",
+__all__ = ["AccumulateChanged", "LrChanged", "OptimizerChanged", "StateChanged", "check_accumulate", "check_position", "check_resume", "check_state_fits", "check_trainable",
            "loader_changes", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
@@ -61,6 +66,17 @@ class StateChanged(CheckpointError):
     def __init__(self, words: Callable[[str], str]):
         super().__init__(words("fresh_optimizer=True"))
         self.words = words
+
+
+class AccumulateChanged(CheckpointError):
+    """A checkpoint of a run that stepped the optimizer once per ``saved`` micro-batches, resumed
+    with ``now``; ``words(accumulate, fresh)`` is the message naming ``accumulate`` (followed by
+    ``saved``) as the way to resume it exactly (Python's ``accumulate=``, the CLI's
+    ``--accumulate ``) and ``fresh`` as the way to take its params only."""
+
+    def __init__(self, saved: int, now: int, words: Callable[[str, str], str]):
+        super().__init__(words("accumulate=", "fresh_optimizer=True"))
+        self.saved, self.now, self.words = saved, now, words
 
 
 class LrChanged(UserWarning):
@@ -166,13 +182,29 @@ def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], tr
                        + ("" if now_frozen else f", or pass {fresh} to take its params with a fresh optimizer"))
 
 
+def check_accumulate(path: Any, saved: Optional[int], now: int) -> None:
+    """Refuse resuming a checkpoint whose run took ``saved`` micro-batches per optimizer step
+    (None: from before it was kept, 1) with ``now`` (``AccumulateChanged``)."""
+    saved = 1 if saved is None else saved
+    if saved == now:
+        return
+    raise AccumulateChanged(saved, now, lambda accumulate, fresh: (
+        f"{path}: the checkpoint's run stepped the optimizer once per {saved} micro-batch{'es' * (saved > 1)} "
+        f"(accumulate={saved}), this one would once per {now} (accumulate={now}): each step would average other "
+        "batches, an epoch hold another number of steps (and of per-step lr schedule steps), and the run would not "
+        f"go on as it was. Resume with {accumulate}{saved} to continue it exactly, or pass {fresh} to take its params "
+        f"into a new run (step 0) with {accumulate}{now}"))
+
+
 def check_resume(path: Any, meta: Any, tensors: Collection[str], manifest: Any, expected: dict[str, Any],
-                 changed_optimizer: bool = False, warn_lr: bool = True) -> None:
+                 changed_optimizer: bool = False, warn_lr: bool = True, accumulate: int = 1) -> None:
     """Refuse resuming from a checkpoint (``meta``: its ``CheckpointMeta``, holding ``tensors``)
-    on the training graphs of ``manifest`` (``expected``: their carried entries) trained with
-    another optimizer (``refuse_optimizer``; a changed lr warned of unless not ``warn_lr``),
-    trainable set (``check_trainable``) or optimizer state (``check_state_fits``, the
-    checkpoint's moments by today's names), in that order."""
+    on the training graphs of ``manifest`` (``expected``: their carried entries) with another
+    ``accumulate`` (``check_accumulate``), or trained with another optimizer
+    (``refuse_optimizer``; a changed lr warned of unless not ``warn_lr``), trainable set
+    (``check_trainable``) or optimizer state (``check_state_fits``, the checkpoint's moments by
+    today's names), in that order."""
+    check_accumulate(path, meta.accumulate, accumulate)
     saved, now = meta.optimizer, manifest.optimizer
     refuse_optimizer(path, saved, now, expected, changed_optimizer)
     if warn_lr and saved and saved.get("lr") != now.get("lr"):

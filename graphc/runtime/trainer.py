@@ -1127,15 +1127,15 @@ class Trainer:
                 graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
                 roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
                 interface=self.manifest.interface(), schedule=self.schedule_state(),
-                optimizer=self.manifest.optimizer, graphs=graphs)
+                optimizer=self.manifest.optimizer, graphs=graphs, accumulate=self.accumulate)
             return ckpt.save(target, self.state_dict(), meta)
 
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False,
                         fresh_optimizer: bool = False) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A
         checkpoint trained with another optimizer kind or constants (weight decay, betas, ...) is
-        a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set always
-        (``graphc.runtime.resume_rules``). ``fresh_optimizer``: take only the checkpoint's params
+        a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set or
+        ``accumulate`` always (``graphc.runtime.resume_rules``). ``fresh_optimizer``: take only the checkpoint's params
         and buffers, and start as a new run of these graphs (``_restart``)."""
         if fresh_optimizer:
             if changed_optimizer:
@@ -1144,7 +1144,8 @@ class Trainer:
             return self._restart(path)
         tensors, meta = ckpt.load(path)
         self._restarted_from = None
-        resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer)
+        resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer,
+                                  accumulate=self.accumulate)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
             tensors = adam_moments.moments_rebased(tensors, meta.optimizer, self.manifest.optimizer)
