@@ -684,11 +684,12 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 
 
-def update_model(manifest: Manifest) -> Model:
+def update_model(manifest: Manifest, grad_norm: bool = False) -> Model:
     """The optimizer update of ``manifest``'s train_step as a model of its own (see
     ``passes.training.artifacts.update_graph``), built from the manifest alone: artifacts saved
     before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
-    of float64 params were saved before their lr became float64)."""
+    of float64 params were saved before their lr became float64). ``grad_norm``: with the spec's
+    ``max_grad_norm``, also output train_step's ``grad_norm`` (the total norm before clipping)."""
     from graphc.passes.training import artifacts, flat
     from graphc.passes.training.guarded_params import STEP_SUFFIX, TOUCHED_SUFFIX
 
@@ -705,7 +706,7 @@ def update_model(manifest: Manifest) -> Model:
     flagged = [e.name[: -len(TOUCHED_SUFFIX)] for e in manifest.graphs["gradients"].outputs if e.role == "touched"]
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups, opt.get("no_decay") or (),
                                         ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated, flagged,
-                                        manifest.sources))
+                                        manifest.sources, grad_norm))
 
 
 def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:

@@ -20,8 +20,11 @@ differ by 1 at most); ``fit`` takes ``k`` consecutive loader batches per step (t
 ``batch_size`` is the micro-batch), and an epoch whose batches do not divide by ``k`` ends with
 a step of what is left, as torch loops that step on the last batch do. A step's micro-batches
 run with Ctrl-C held back, so checkpoints fall on optimizer-step boundaries only (no partial
-sums are saved) and a resume replays the same groups. Not here: ``cuda_graph``, embeddings
-with ``max_norm`` and SyncBatchNorm (both refused), the per-step gradient norm (not recorded).
+sums are saved) and a resume replays the same groups; checkpoints record ``k``
+(``CheckpointMeta.accumulate``), and a full resume with another ``k`` is refused
+(``resume_rules.check_accumulate``). With ``max_grad_norm``, ``History.step_grad_norms`` holds
+each optimizer step's accumulated gradient norm before clipping (torch's ``clip_grad_norm_``
+return). Not here: ``cuda_graph``, embeddings with ``max_norm`` and SyncBatchNorm (all refused).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class AccumulatingTrainer(Trainer):
                  accumulate: int = 1, **options: Any):
         from graphc.backends import get_backend
         from graphc.compile.training import CARRIED_ROLES, update_model, worker_gradients_model
-        from graphc.passes.training.accumulate import accumulate_graph
+        from graphc.passes.training.accumulate import accumulate_graph, narrow_graph
 
         k = checked_accumulate(accumulate)
         if options.get("cuda_graph"):
@@ -76,20 +79,28 @@ class AccumulatingTrainer(Trainer):
         self._options = {**TRAINING_OPTIONS, **options}
         carried = {e.name for e in m.graphs["train_step"].inputs if e.role in CARRIED_ROLES}
         grads = worker_gradients_model(self.artifacts).proto  # with loss scaling: the scaled loss's
-        update = update_model(m).proto
+        update = update_model(m, grad_norm=True).proto
         entries = m.graphs["gradients"]
         self._grad_names = [e.name for e in entries.outputs if e.role == "grad"]
         self._grad_inputs = {v.name for v in grads.graph.input}
         self._stats = [e.name for e in entries.outputs if e.role == "state"]  # "<stat>.next"
         self._touched = [e.name for e in entries.outputs if e.role == "touched"]
         self._update_inputs = {v.name for v in update.graph.input}
-        self._update_outputs = [v.name for v in update.graph.output]
+        # with max_grad_norm, the update also outputs the accumulated gradient's norm before
+        # clipping, under train_step's name (``self._grad_norm``): fit records it per step
+        self._update_outputs = [v.name for v in update.graph.output if v.name != self._grad_norm]
         self._grads = self._backend.prepare(without_initializers(grads, carried), **self._options)
         self._train = self._backend.prepare(without_initializers(update, carried), **self._options)
         by_name = {e.name: e for e in entries.outputs}
-        self._accumulate = self._backend.prepare(accumulate_graph(
-            [(n, to_onnx(by_name[n].dtype), by_name[n].shape) for n in self._grad_names], m.opset), **self._options)
-        self._grad_norm = None  # the update graph does not output it
+        self._grad_types = [(n, to_onnx(by_name[n].dtype), by_name[n].shape) for n in self._grad_names]
+        self._accumulate = self._backend.prepare(accumulate_graph(self._grad_types, m.opset), **self._options)
+        narrow = narrow_graph(self._grad_types, m.opset)  # half-float sums back to the gradients' type
+        self._narrow = None if narrow is None else self._backend.prepare(narrow, **self._options)
+        # device buffers written in every step (``run_bound``'s into): the gradients graph's, and two
+        # sets for the sums, a micro-batch reading one and writing the other
+        self._grad_buffers: dict[str, Any] = {}
+        self._sum_sets: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._narrowed: dict[str, Any] = {}
         self._graphed, self._in_place, self._feeds = None, set(), {}
         self._metric_sums: Optional[dict[str, float]] = None
         self._reset_state(self.artifacts.state)
@@ -168,44 +179,67 @@ class AccumulatingTrainer(Trainer):
         total = averaging.divisor(loss_spec, sum(w for _, _, w, _ in feeds), "the step's micro-batches")
         wanted = self._prediction is not None and self._prediction in self._fetch
         with self._interrupts:
-            state, sums, touched, loss = self._state, None, {}, 0.0
+            state, sums, touched, loss = self._state, {}, {}, 0.0
             self._metric_sums = {} if wanted else None
-            for batch, f, weight, examples in feeds:
+            for index, (batch, f, weight, examples) in enumerate(feeds):
                 if self.noise_specs:
                     f.update(self._noise_feeds(batch, f))
                 f.update({n: h for n, h in state.items() if n in self._grad_inputs})
                 host, device = self._grads.run_bound(f, ["loss", *self._touched, *([self._prediction] if wanted else [])],
-                                                     [*self._grad_names, *self._stats])
+                                                     [*self._grad_names, *self._stats], into=self._grad_buffers)
+                self._grad_buffers.update({n: device[n] for n in self._grad_names})
                 for out in self._stats:  # BatchNorm running statistics: every micro-batch's in turn, as torch's
                     state[out[: -len(".next")]] = device[out]
                 for name in self._touched:  # stepped where any micro-batch read it
                     touched[name] = np.logical_or(touched.get(name, False), host[name])
                 share = weight / total
                 loss += float(host["loss"]) * share
-                sums = self._add(sums, device, share)
+                sums = self._add(index, device, share)
                 if wanted:
                     self._add_metrics(host, batch, examples)
-            self._update({**sums, **touched})
+            self._update({**self._narrowed_sums(sums), **touched})
             return loss
 
-    def _add(self, sums: Optional[dict[str, Any]], grads: Mapping[str, Any], share: float) -> dict[str, Any]:
-        """The running sums (None before a step's first micro-batch) plus ``grads`` times ``share``."""
-        from graphc.passes.training.accumulate import ACC_SUFFIX, FIRST, SHARE, SUM_SUFFIX
+    def _add(self, index: int, grads: Mapping[str, Any], share: float) -> dict[str, Any]:
+        """The running sums with micro-batch ``index``'s ``grads`` added times ``share``: read from
+        one of ``_sum_sets`` and written into the other (each set's buffers bound as outputs from
+        its second use on, so the sums allocate nothing after a step). The first micro-batch reads
+        zeros of the sums' type, made once, where the set holds nothing yet (its sum is ignored)."""
+        from graphc.passes.training.accumulate import ACC_SUFFIX, FIRST, SHARE, SUM_SUFFIX, sum_zeros
 
-        feeds: dict[str, Any] = {SHARE: np.asarray(share, np.float64), FIRST: np.asarray(sums is None)}
+        read, write = self._sum_sets[(index + 1) % 2], self._sum_sets[index % 2]
+        for name, elem, shape in self._grad_types:
+            if name not in read:
+                read[name] = self._accumulate.to_device(sum_zeros(elem, shape))
+        feeds: dict[str, Any] = {SHARE: np.asarray(share, np.float64), FIRST: np.asarray(index == 0)}
         for name in self._grad_names:
-            feeds[name] = grads[name]
-            feeds[name + SUM_SUFFIX] = grads[name] if sums is None else sums[name]  # ignored on the first
-        _, device = self._accumulate.run_bound(feeds, (), [n + ACC_SUFFIX for n in self._grad_names])
-        return {name: device[name + ACC_SUFFIX] for name in self._grad_names}
+            feeds[name], feeds[name + SUM_SUFFIX] = grads[name], read[name]
+        outputs = [n + ACC_SUFFIX for n in self._grad_names]
+        _, device = self._accumulate.run_bound(feeds, (), outputs, into={n + ACC_SUFFIX: write.get(n)
+                                                                         for n in self._grad_names}, keep=True)
+        write.update({name: device[name + ACC_SUFFIX] for name in self._grad_names})
+        return dict(write)
+
+    def _narrowed_sums(self, sums: dict[str, Any]) -> dict[str, Any]:
+        """``sums`` as the update takes them: half-float gradients' float32 sums cast back."""
+        if self._narrow is None:
+            return sums
+        from graphc.passes.training.accumulate import ACC_SUFFIX
+
+        half = self._narrow.output_names
+        _, device = self._narrow.run_bound({n + ACC_SUFFIX: sums[n] for n in half}, (), half,
+                                           into={n: self._narrowed.get(n) for n in half}, keep=True)
+        self._narrowed.update(device)
+        return {**sums, **device}
 
     def _update(self, grads: Mapping[str, Any]) -> None:
         """The optimizer update from the accumulated ``grads``: params and state replaced."""
         state = self._state
         feeds = {**{n: h for n, h in state.items() if n in self._update_inputs}, **grads}
-        _, device = self._train.run_bound(feeds, (), self._update_outputs)
+        host, device = self._train.run_bound(feeds, [self._grad_norm] if self._grad_norm else [], self._update_outputs)
         for out in self._update_outputs:
             state[out[: -len(".next")]] = device[out]
+        self._step_outputs = host
         self._in_model_order = None
         self.step_count += 1
 

@@ -1,10 +1,14 @@
-"""The graph that adds one micro-batch's gradients into their running sums (gradient
-accumulation, ``gc.Trainer(accumulate=k)``): for every gradient ``g`` of the gradients graph,
-``g.acc = (first ? 0 : g.sum) + g * share``, ``share`` (a float64 scalar, cast to each
-gradient's dtype) the micro-batch's part of the optimizer step (its rows over the step's rows
-for a mean loss, 1 for a summed one) and ``first`` (bool) true on a step's first micro-batch,
-whose ``g.sum`` is ignored (any buffer of the right shape: no zeros to allocate, and an inf
-left from an earlier step never becomes 0 * inf). The sums stay on the backend's device."""
+"""The graphs that add one micro-batch's gradients into their running sums (gradient
+accumulation, ``gc.Trainer(accumulate=k)``). ``accumulate_graph``: for every gradient ``g`` of
+the gradients graph, ``g.acc = (first ? 0 : g.sum) + g * share``, ``share`` (a float64 scalar,
+cast to each sum's dtype) the micro-batch's part of the optimizer step (its rows over the step's
+rows for a mean loss, 1 for a summed one) and ``first`` (bool) true on a step's first
+micro-batch, whose ``g.sum`` is ignored (any buffer of the right shape: no zeros to allocate,
+and an inf left from an earlier step never becomes 0 * inf). A float16 or bfloat16 gradient is
+summed in float32, as data-parallel training's ``weighted_sum`` adds the workers' (a float16 sum
+of k scaled parts overflows or rounds where the one-batch gradient does not);
+``narrow_graph`` casts those sums back to the gradients' dtype once per step, for the update.
+The sums stay on the backend's device."""
 
 from __future__ import annotations
 
@@ -18,25 +22,59 @@ SUM_SUFFIX = ".sum"  # the running sum an input
 ACC_SUFFIX = ".acc"  # the sum with this micro-batch added, an output
 SHARE = "share"
 FIRST = "first"
+_HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+Grads = Sequence[tuple[str, int, Sequence]]  # (name, ONNX element type, shape) of each gradient
 
 
-def accumulate_graph(grads: Sequence[tuple[str, int, Sequence]], opset: int) -> onnx.ModelProto:
-    """The accumulate model of ``grads``: (name, ONNX element type, shape) of each gradient."""
+def sum_type(elem: int) -> int:
+    """The element type a gradient of type ``elem`` is summed in: float32 for a half float."""
+    return TensorProto.FLOAT if elem in _HALF else elem
+
+
+def sum_zeros(elem: int, shape: Sequence[int]) -> np.ndarray:
+    """Zeros of a sum of gradients of type ``elem`` and ``shape``."""
+    return np.zeros(tuple(shape), helper.tensor_dtype_to_np_dtype(sum_type(elem)))
+
+
+def accumulate_graph(grads: Grads, opset: int) -> onnx.ModelProto:
+    """The accumulate model of ``grads``: sums of ``sum_type``, each gradient cast to it."""
     nodes = []
     inputs = [helper.make_tensor_value_info(SHARE, TensorProto.DOUBLE, []),
               helper.make_tensor_value_info(FIRST, TensorProto.BOOL, [])]
     outputs, zeros = [], {}
     for name, elem, shape in grads:
-        inputs += [helper.make_tensor_value_info(name + SUM_SUFFIX, elem, list(shape)),
+        wide = sum_type(elem)
+        inputs += [helper.make_tensor_value_info(name + SUM_SUFFIX, wide, list(shape)),
                    helper.make_tensor_value_info(name, elem, list(shape))]
-        outputs.append(helper.make_tensor_value_info(name + ACC_SUFFIX, elem, list(shape)))
-        if elem not in zeros:  # per dtype: the share cast once, a zero to start the sum from
-            zeros[elem] = f"zero.{elem}"
-            dtype = helper.tensor_dtype_to_np_dtype(elem)
-            nodes += [helper.make_node("Constant", [], [zeros[elem]], value=numpy_helper.from_array(np.zeros((), dtype))),
-                      helper.make_node("Cast", [SHARE], [f"share.{elem}"], to=elem)]
-        nodes += [helper.make_node("Where", [FIRST, zeros[elem], name + SUM_SUFFIX], [f"{name}.held"]),
-                  helper.make_node("Mul", [name, f"share.{elem}"], [f"{name}.part"]),
+        outputs.append(helper.make_tensor_value_info(name + ACC_SUFFIX, wide, list(shape)))
+        if wide not in zeros:  # per dtype: the share cast once, a zero to start the sum from
+            zeros[wide] = f"zero.{wide}"
+            dtype = helper.tensor_dtype_to_np_dtype(wide)
+            nodes += [helper.make_node("Constant", [], [zeros[wide]], value=numpy_helper.from_array(np.zeros((), dtype))),
+                      helper.make_node("Cast", [SHARE], [f"share.{wide}"], to=wide)]
+        part = name
+        if wide != elem:
+            part = f"{name}.wide"
+            nodes.append(helper.make_node("Cast", [name], [part], to=wide))
+        nodes += [helper.make_node("Where", [FIRST, zeros[wide], name + SUM_SUFFIX], [f"{name}.held"]),
+                  helper.make_node("Mul", [part, f"share.{wide}"], [f"{name}.part"]),
                   helper.make_node("Add", [f"{name}.held", f"{name}.part"], [name + ACC_SUFFIX])]
-    graph = helper.make_graph(nodes, "accumulate", inputs, outputs)
+    return _model(nodes, "accumulate", inputs, outputs, opset)
+
+
+def narrow_graph(grads: Grads, opset: int) -> onnx.ModelProto | None:
+    """The model casting the float32 sums (``<g>.acc``) of ``grads``' half-float gradients back to
+    their type, as ``<g>`` (what the update takes); None where no gradient is a half float."""
+    half = [(name, elem, shape) for name, elem, shape in grads if elem in _HALF]
+    if not half:
+        return None
+    inputs = [helper.make_tensor_value_info(n + ACC_SUFFIX, TensorProto.FLOAT, list(s)) for n, _, s in half]
+    outputs = [helper.make_tensor_value_info(n, e, list(s)) for n, e, s in half]
+    nodes = [helper.make_node("Cast", [n + ACC_SUFFIX], [n], to=e) for n, e, _ in half]
+    return _model(nodes, "narrow", inputs, outputs, opset)
+
+
+def _model(nodes, name, inputs, outputs, opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

@@ -372,18 +372,18 @@ def _infer_shapes(model: ir.Model) -> None:
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
                  no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None, loss_scale: dict | None = None,
-                 gated: Sequence[str] = (), flagged: Sequence[str] = (), sources: Mapping[str, str] = {}) -> ir.Model:
-    """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
-    values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
-    buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
-    ``optimizers.lr_dtype`` of the params'); outputs ``<param>.next``, the state's ``.next`` and
-    ``step.next``, as train_step computes them. With ``loss_scale`` the gradients are the scaled
-    loss's (``loss_scaling.scaled_gradients``): checked, unscaled and the step skipped as in
-    train_step, the scale's state an input and output too. ``gated``: the params train_step steps
-    only when a step reads them, each with its own ``<param>.step`` (not in ``groups``); here
-    those of ``flagged`` are stepped where the bool input ``<param>.touched`` is (the workers'
-    gradients graphs' flags ORed), the others every step. ``no_decay`` selects params by name or by
-    the parameter they were folded from (``sources``, ``Manifest.sources``)."""
+                 gated: Sequence[str] = (), flagged: Sequence[str] = (), sources: Mapping[str, str] = {},
+                 grad_norm: bool = False) -> ir.Model:
+    """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed values named
+    as the params), ``<param>_grad`` for each, the optimizer state (per ``groups`` buffer, or per param
+    without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default ``optimizers.lr_dtype`` of the
+    params'); outputs ``<param>.next``, the state's ``.next``, ``step.next`` as train_step's, and with
+    ``grad_norm`` (and ``max_grad_norm``) its ``grad_norm`` (not for replicas: they carry every output).
+    With ``loss_scale`` the gradients are the scaled loss's (``loss_scaling.scaled_gradients``): checked,
+    unscaled and the step skipped as in train_step, the scale's state an input and output too.
+    ``gated``: params train_step steps only when a step reads them, each with its own ``<param>.step`` (not
+    in ``groups``); here those of ``flagged`` step where the bool input ``<param>.touched`` is (the workers'
+    flags ORed), the others every step. ``no_decay``: params by name or source (``Manifest.sources``)."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
     if loss_scale is not None:
         input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
@@ -397,7 +397,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
                                 guarded_params.fed_guards(graph, gated, flagged))
-    set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
+    set_outputs(graph, [o for o in outputs if grad_norm or o.role != GRAD_NORM])
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
     _tidy(model)
