@@ -185,8 +185,9 @@ class AccumulatingTrainer(Trainer):
                 if self.noise_specs:
                     f.update(self._noise_feeds(batch, f))
                 f.update({n: h for n, h in state.items() if n in self._grad_inputs})
-                host, device = self._grads.run_bound(f, ["loss", *self._touched, *([self._prediction] if wanted else [])],
-                                                     [*self._grad_names, *self._stats], into=self._grad_buffers)
+                fetch = ["loss", *self._touched, *([self._prediction] if wanted else [])]
+                host, device = self._grads.run_bound(f, fetch, [*self._grad_names, *self._stats],
+                                                     into=self._grad_buffers)
                 self._grad_buffers.update({n: device[n] for n in self._grad_names})
                 for out in self._stats:  # BatchNorm running statistics: every micro-batch's in turn, as torch's
                     state[out[: -len(".next")]] = device[out]

@@ -39,7 +39,8 @@ from graphc.passes.training.adam_moments import sum_name
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["AccumulateChanged", "LrChanged", "OptimizerChanged", "StateChanged", "check_accumulate", "check_position", "check_resume", "check_state_fits", "check_trainable",
+__all__ = ["AccumulateChanged", "LrChanged", "OptimizerChanged", "StateChanged", "check_accumulate", "check_position",
+           "check_resume", "check_state_fits", "check_trainable",
            "loader_changes", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds

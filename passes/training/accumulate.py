@@ -50,8 +50,8 @@ def accumulate_graph(grads: Grads, opset: int) -> onnx.ModelProto:
         outputs.append(helper.make_tensor_value_info(name + ACC_SUFFIX, wide, list(shape)))
         if wide not in zeros:  # per dtype: the share cast once, a zero to start the sum from
             zeros[wide] = f"zero.{wide}"
-            dtype = helper.tensor_dtype_to_np_dtype(wide)
-            nodes += [helper.make_node("Constant", [], [zeros[wide]], value=numpy_helper.from_array(np.zeros((), dtype))),
+            zero = numpy_helper.from_array(sum_zeros(elem, ()))
+            nodes += [helper.make_node("Constant", [], [zeros[wide]], value=zero),
                       helper.make_node("Cast", [SHARE], [f"share.{wide}"], to=wide)]
         part = name
         if wide != elem:
