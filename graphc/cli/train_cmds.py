@@ -182,7 +182,9 @@ def train_cmd(
                                    "with --accumulate)."),
     accumulate: int = typer.Option(1, "--accumulate", min=1, metavar="K",
                                    help="Micro-batches of --batch-size per optimizer step (gradient accumulation: "
-                                   "an effective batch of K x --batch-size; an epoch's last step takes what is left)."),
+                                   "an effective batch of K x --batch-size; an epoch's last step takes what is left). "
+                                   "A resume must pass the checkpoint's K (another is refused, naming it; "
+                                   "`--resume --fresh-optimizer` takes its params into a new run)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="DIR",
                                               help="Checkpoint directory (saved each epoch, and on Ctrl-C or SIGTERM)."),
