@@ -40,7 +40,6 @@ GROUPS = sorted({path.rsplit(" ", 1)[0] for path in COMMANDS if " " in path})
 API_DEFAULTS = {
     ("train", "patience"): (gc.optim.lr_scheduler.ReduceLROnPlateau, "patience"),
     ("capture", "opset"): (gc.capture, "opset"),
-    ("capture", "seed"): (gc.capture, "seed"),
     ("capture", "training"): (gc.capture, "training"),
     ("capture", "name"): (gc.capture, "name"),
     ("optimize", "level"): (gc.optimize, "level"),
@@ -101,6 +100,7 @@ API_DEFAULTS = {
 # Options whose CLI default is None: "the API's own default" (checked below where the CLI
 # resolves it), or an option the API has no parameter for.
 CLI_ONLY = {
+    ("capture", "seed"): "0: gc.capture(seed=None) draws from gc.manual_seed's seed, 0 in a fresh process as the CLI's",
     ("train", "schedule"): "none: no scheduler, as fit(scheduler=None); the names build graphc.cli.schedules' recipes",
     ("train", "schedule_interval"): "None: epoch, fit's default, or step for onecycle",
     ("train", "step_size"): "None: StepLR has no default step_size either; required by --schedule step",
