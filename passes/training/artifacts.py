@@ -46,7 +46,7 @@ from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import buffer_mutations, guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
 from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
-from graphc.passes.training import recompute as recomputation
+from graphc.passes.training import export_records, recompute as recomputation
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
@@ -99,7 +99,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     dtype, the op types run in it) for train_step's and gradients' forward (``precision.autocast``)."""
     base = _prepare(model)
     one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
-    modes.warn_fixed_momentum(base.graph, batchnorm)
+    export_records.warn(base, batchnorm)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = onnx_opset(base, 0)
     bn_stats = buffer_updates.with_written(base.graph, modes.batchnorm_stats(base.graph))  # + buffers written

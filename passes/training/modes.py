@@ -117,7 +117,7 @@ def warn_fixed_momentum(graph: ir.Graph, batchnorm: str) -> None:
             f"torch.onnx also writes {momentum} for a BatchNorm with momentum=None (torch's "
             f"cumulative average, which torch would train) exported {when}: if that is the source model, set its "
             "momentum before exporting (bn.momentum = 0.1) or build it with gc.nn.BatchNorm*d(momentum=None); "
-            "batchnorm=\"frozen\" keeps the exported statistics and normalizes with them.", UserWarning, stacklevel=4)
+            "batchnorm=\"frozen\" keeps the exported statistics and normalizes with them.", UserWarning, stacklevel=5)
 
 
 def tracked_stat(value: ir.Value | None) -> ir.Value | None:

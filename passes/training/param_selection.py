@@ -1,5 +1,6 @@
 """Which float initializers a training run updates: the trainable, frozen and exporter-constant
-params (names or glob patterns from ``trainable``/``frozen``/``params``, params the loss never reads
+params (names or glob patterns from ``trainable``/``frozen``/``params``; exporter constants are
+``imports.exporter_constants`` and ``export_records.spectral_vectors``; params the loss never reads
 left out, as torch.optim skips a param without a gradient, with a warning for one read only in
 control flow that never runs), and which of them get weight decay. A pattern also selects a tensor
 that a dynamo export folded from one parameter by moving its elements by that parameter's name."""
@@ -16,7 +17,7 @@ import onnx_ir as ir
 from graphc.errors import PassError, first_few
 from graphc.passes.autodiff.core import node_inputs
 from graphc.passes.autodiff.registry import settings_only
-from graphc.passes.training import guarded_params, imports
+from graphc.passes.training import export_records, guarded_params, imports
 from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.training.loss_graph import LOSS
 from graphc.passes.values import stops_gradient
@@ -54,7 +55,8 @@ def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params, 
     both = [n for n in forced if n in frozen]
     if both:  # frozen had silently won
         raise PassError(f"{both} matched by both frozen= (--freeze) and params= (--param): give each param one of them")
-    constants = {n: why for n, why in imports.exporter_constants(model, candidates).items() if n not in forced}
+    constants = imports.exporter_constants(model, candidates) | export_records.spectral_vectors(model, candidates)
+    constants = {n: why for n, why in constants.items() if n not in forced}
     if trainable is None:
         trainable = [n for n in candidates if n in forced or (
             n not in constants and not settings_only(graph.initializers[n]))]
