@@ -15,8 +15,9 @@ reach: the file lacks what torch would compute):
   ``track_running_stats=True``: ``aten.instance_norm`` reads them, the ONNX node does not): the
   signature lists the buffers, the graph holds none of them.
 * a dynamo export in eval mode (``model.eval()``, torch.onnx's usual): Dropout-family modules are
-  recorded (``class_hierarchy``) but hold no random op (an Identity), so training runs them as in
-  eval. TorchScript leaves no trace of them (nor of RReLU's random slope, which the dynamo
+  recorded (``class_hierarchy``) but hold no random op (an Identity; with ``optimize=False``: the
+  default optimizer removes it and its record), and a recurrent layer's ``fx_node`` records its
+  dropout between layers with ``train=False``, so training runs them as in eval. TorchScript leaves no trace of them (nor of RReLU's random slope, which the dynamo
   exporter cannot export); docs/api.md says so.
 """
 
@@ -41,6 +42,9 @@ _RANDOM_OPS = frozenset({"Dropout", "RandomUniformLike", "RandomUniform", "Rando
                          "Bernoulli"})
 _NORMALIZATIONS = frozenset({"InstanceNormalization", "BatchNormalization", "GroupNormalization",
                              "LayerNormalization"})
+# aten.lstm/gru/rnn_*(input, hx, params, has_biases, num_layers, dropout, train, ...)
+_RNN = re.compile(r"target=torch\.ops\.aten\.(lstm|gru|rnn_tanh|rnn_relu)\.input\]\(args = \(.*\], "
+                  r"(?:True|False), (\d+), ([0-9.e+-]+), False")
 _CODE_MOMENTA = (10, 100, 1000)  # 1/k = 0.1, 0.01, 0.001: momenta written in code, not counted
 
 
@@ -84,12 +88,11 @@ def warn(model: ir.Model, batchnorm: str) -> None:
              "training normalizes with batch statistics and updates no running statistics, and eval and inference "
              "normalize with batch statistics too, while torch (InstanceNorm*d(track_running_stats=True)) tracks them "
              "and normalizes with them in eval. Build the model with gc.nn.InstanceNorm*d(track_running_stats=True)")
-    idle = _eval_layers(graph) if dynamo else {}
+    idle = {**_eval_layers(graph), **_rnn_dropouts(graph)} if dynamo else {}
     if idle:
-        _say(f"exported in eval mode: {first_few([f'{m!r} ({c})' for m, c in idle.items()], 6)} are "
-             "identities in this file, so training runs them as torch does in eval mode, with no dropout (the same "
-             "for a p of 0). Export the model in training mode (model.train() before torch.onnx.export) to train "
-             "them as torch does")
+        _say(f"exported in eval mode: {first_few([f'{m!r} ({c})' for m, c in idle.items()], 6)} hold no "
+             "dropout in this file, so training runs them as torch does in eval mode (the same for a p of 0). "
+             "Export the model in training mode (model.train() before torch.onnx.export) to train them as torch does")
 
 
 def _say(text: str) -> None:
@@ -142,3 +145,15 @@ def _eval_layers(graph: ir.Graph) -> dict[str, str]:
             _, random = layers.get(path, (owner, False))
             layers[path] = (owner, random or node.op_type in _RANDOM_OPS)
     return {path: owner for path, (owner, random) in layers.items() if not random}
+
+
+def _rnn_dropouts(graph: ir.Graph) -> dict[str, str]:
+    """{module: "LSTM, dropout 0.5 between layers"} for the recurrent layers of several layers and a
+    dropout that a dynamo export recorded in eval mode (``train`` False in their ``fx_node``)."""
+    found = {}
+    for node in graph:
+        match = _RNN.search(node.metadata_props.get(_FX_NODE, ""))
+        if match and int(match[2]) > 1 and float(match[3]) > 0:
+            kind = match[1].upper().replace("_", " ")
+            found[imports.module_path(node) or node.name] = f"{kind}, dropout {match[3]} between layers"
+    return found
