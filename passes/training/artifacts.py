@@ -46,7 +46,7 @@ from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import buffer_mutations, guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
 from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
-from graphc.passes.training import export_records, recompute as recomputation
+from graphc.passes.training import export_records, recompute as recomputation, torch_gradients
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
@@ -300,10 +300,10 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 
 
 def _prepare(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` at opset >= 17, weights in initializers (not graph inputs, as IR < 4 exports
-    list them), shared weights that constant folding copied computed again from the weight
-    (``imports.retie_folded_copies``), params an export merged for equal values apart again
-    (``imports.untie_merged_params``), torch's ``detach`` a stop-gradient (``imports.mark_detached``), a dynamo
+    """A copy of ``model`` at opset >= 17, weights in initializers (not graph inputs, as IR < 4 exports list
+    them), shared weights that constant folding copied computed again from the weight (``imports.retie_folded_copies``),
+    params an export merged for equal values apart again (``imports.untie_merged_params``), torch's ``detach`` a
+    stop-gradient and an embedding's ``scale_grad_by_freq`` its gradient's scale (``torch_gradients``), a dynamo
     export's buffer mutations buffer writes (``buffer_mutations``), BatchNorm statistics own, shapes inferred."""
     opset = onnx_opset(model, 0)
     base = _upgrade(model, opset) if opset < MIN_OPSET else model.clone()
@@ -311,7 +311,7 @@ def _prepare(model: ir.Model) -> ir.Model:
     imports.promote_constant_weights(base)
     imports.retie_folded_copies(base)
     imports.untie_merged_params(base)
-    imports.mark_detached(base)
+    torch_gradients.mark(base)
     buffer_mutations.mark_buffer_mutations(base)
     modes.own_batchnorm_stats(base.graph)
     _infer_shapes(base)
