@@ -5,7 +5,10 @@ default anywhere fails here until the two agree."""
 
 import inspect
 import io
+import json
 import re
+import subprocess
+import sys
 
 import onnx
 import pytest
@@ -355,3 +358,36 @@ def test_parity_table_is_readable_at_80_columns(monkeypatch):
     for figure in ("3.81e-06", "0.00123", "0.0001", "1e-05", "FAIL", "float32[64, 1000]", "logits_output"):
         assert figure in text, (figure, text)
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_grad_option_defaults_in_help_come_from_the_optimizer_specs():
+    """Every optimizer option's "(default: X)" is the specs' default, read from them: with each spec
+    default changed before the CLI is imported, the help says the changed value (hand-typed
+    defaults for --betas, --alpha, ... kept saying 0.9,0.999, 0.99, ...)."""
+    changed = {"lr": 0.125, "momentum": 0.25, "dampening": 0.375, "betas": (0.5, 0.75), "eps": 0.0625,
+               "alpha": 0.875, "lr_decay": 0.03125, "initial_accumulator_value": 1.5, "momentum_decay": 0.005,
+               "weight_decay": 0.015625, "grad_norm_type": 1.0}
+    script = ("import json, sys\n"
+              "from graphc.compile import optim\n"
+              "changed = json.loads(sys.argv[1])\n"
+              "for spec in optim.BY_KIND.values():\n"
+              "    for field, value in changed.items():\n"
+              "        if field in spec.model_fields:\n"
+              "            spec.model_fields[field].default = tuple(value) if isinstance(value, list) else value\n"
+              "import typer\n"
+              "from graphc.cli import app\n"
+              "grad = typer.main.get_command(app).commands['grad']\n"
+              "print(json.dumps({p.name: p.help for p in grad.params}))\n")
+    result = subprocess.run([sys.executable, "-c", script, json.dumps(changed)], capture_output=True, text=True,
+                            check=True)
+    helps = json.loads(result.stdout)
+    for field, value in changed.items():
+        shown = ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}"
+        found = re.search(r"\(default: ([-+0-9.e]+(?:,[-+0-9.e]+)*)", helps[field])
+        assert found and found.group(1) == shown, (field, helps[field])
+
+
+def test_min_lr_help_gives_its_default_for_cosine_and_plateau_alike():
+    """"cosine's final lr, plateau's floor (default 0)" read as plateau's default only; both are 0."""
+    min_lr = next(p for p in COMMANDS["train"].params if p.name == "min_lr")
+    assert "cosine's final lr and plateau's floor (default 0 for both)" in min_lr.help, min_lr.help

@@ -24,9 +24,12 @@ def _optimizer_specs() -> dict:
 
 
 def _spec_defaults(field: str) -> str:
-    """The optimizers' default for ``field``, for help texts: ``0.001`` when they agree, else
-    ``sgd 0, adam 0, adamw 0.01``."""
-    values = {kind: f"{cls.model_fields[field].default:g}" for kind, cls in _optimizer_specs().items()
+    """The optimizers' default for ``field``, for help texts, as the option takes it (``betas``:
+    ``0.9,0.999``): ``0.001`` when they agree, else ``sgd 0, adam 0, adamw 0.01``."""
+    def shown(value) -> str:
+        return ",".join(map(shown, value)) if isinstance(value, tuple) else f"{value:g}"
+
+    values = {kind: shown(cls.model_fields[field].default) for kind, cls in _optimizer_specs().items()
               if field in cls.model_fields}
     if len(set(values.values())) == 1:
         return next(iter(values.values()))
@@ -111,25 +114,25 @@ def grad_cmd(
                                              help=f"SGD/RMSprop momentum (default: {_spec_defaults('momentum')})."),
     nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
     dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, any "
-                                              "number, as torch (default: 0)."),
+                                              f"number, as torch (default: {_spec_defaults('dampening')})."),
     amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
                                  "max_exp_sum_sq)."),
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
     betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax/NAdam/RAdam's "
-                                        "coefficients of the running averages (default: 0.9,0.999)."),
+                                        f"coefficients of the running averages (default: {_spec_defaults('betas')})."),
     eps: Optional[float] = typer.Option(None, "--eps", help=f"The denominator term of the adaptive optimizers "
                                         f"(default: {_spec_defaults('eps')})."),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="RMSprop's smoothing constant (default: 0.99)."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help=f"RMSprop's smoothing constant (default: {_spec_defaults('alpha')})."),
     centered: bool = typer.Option(False, "--centered", help="Centered RMSprop: divide by the gradient's running "
                                   "variance (one more state slot, grad_avg)."),
     lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="Adagrad's lr decay: step t takes "
-                                             "lr / (1 + (t-1)*lr_decay) (default: 0)."),
+                                             f"lr / (1 + (t-1)*lr_decay) (default: {_spec_defaults('lr_decay')})."),
     initial_accumulator_value: Optional[float] = typer.Option(None, "--initial-accumulator-value",
                                                               help="Adagrad's first sum of squared gradients "
-                                                              "(default: 0)."),
+                                                              f"(default: {_spec_defaults('initial_accumulator_value')})."),
     momentum_decay: Optional[float] = typer.Option(None, "--momentum-decay", help="NAdam's momentum decay: step t's "
                                                    "momentum is b1*(1 - 0.5*0.96^(t*momentum_decay)) "
-                                                   "(default: 0.004)."),
+                                                   f"(default: {_spec_defaults('momentum_decay')})."),
     decoupled_weight_decay: bool = typer.Option(False, "--decoupled-weight-decay", help="NAdam/RAdam: decay the "
                                                 "weights as AdamW (p *= 1 - lr*wd), not as L2 added to the gradient."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
@@ -140,7 +143,8 @@ def grad_cmd(
                                                   "to this before each step, as torch.nn.utils.clip_grad_norm_ "
                                                   "(default: no clipping)."),
     grad_norm_type: Optional[str] = typer.Option(None, "--grad-norm-type", metavar="2|1|inf",
-                                                 help="The norm --max-grad-norm clips (default: 2; only with --max-grad-norm)."),
+                                                 help=f"The norm --max-grad-norm clips (default: "
+                                                 f"{_spec_defaults('grad_norm_type')}; only with --max-grad-norm)."),
     clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
                                                     "[-V, V] before each step (before --max-grad-norm), as "
                                                     "torch.nn.utils.clip_grad_value_ (default: none)."),

@@ -249,8 +249,8 @@ def train_cmd(
     gamma: Optional[float] = typer.Option(None, "--gamma", min=0.0, help="The lr's decay factor (step: default "
                                           "0.1, exponential: required, plateau: default 0.1; cyclic: exp_range's, the "
                                           "cycle's height times gamma to the step; cosine and onecycle take none)."),
-    min_lr: Optional[float] = typer.Option(None, "--min-lr", min=0.0, help="cosine's final lr, plateau's floor "
-                                           "(default 0), cyclic's lowest (required)."),
+    min_lr: Optional[float] = typer.Option(None, "--min-lr", min=0.0, help="cosine's final lr and plateau's floor "
+                                           "(default 0 for both), cyclic's lowest (required)."),
     warmup: int = typer.Option(0, "--warmup", min=0, metavar="N",
                                help="Ramp the lr up linearly over the first N scheduler steps (epochs, or train "
                                "steps with --schedule-interval step), then run --schedule (step, exponential, cosine)."),
