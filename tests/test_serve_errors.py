@@ -114,14 +114,14 @@ def with_idx(data):
 # Nothing is coerced (issue 10, item 3) and malformed data is a 400, never a 500 (item 10): each
 # error names the field as a path into the request.
 STRICT_CASES = {
-    "null in FP32 data": (with_x(data=[0.5, None] * 4), "inputs[0].data[1]: Input should be a valid number, got None"),
+    "null in FP32 data": (with_x(data=[0.5, None] * 4), "inputs[0].data[1]: Input should be a valid number, got null"),
     "1e400 in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "1e400", 1).encode(),
                            "inputs[0].data[0]: Input should be a finite number, got inf"),
     "NaN literal in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "NaN", 1).encode(),
                                  "inputs[0].data[0]: Input should be a finite number"),
     "beyond FP32's range": (with_x(data=[1e39] + [0] * 7), "inputs[0].data[0]: Input should be less than 34028235677973366"),
     "string dim": (with_x(shape=["2", 4]), "inputs[0].shape[0]: Input should be a valid integer, got '2'"),
-    "boolean dim": (with_x(shape=[True, 4]), "inputs[0].shape[0]: Input should be a valid integer, got True"),
+    "boolean dim": (with_x(shape=[True, 4]), "inputs[0].shape[0]: Input should be a valid integer, got true"),
     "float dim": (with_x(shape=[2.0, 4]), "inputs[0].shape[0]: Input should be a valid integer, got 2.0"),
     "binary_data_output as a string": (with_x(parameters={"binary_data_output": "false"}),
                                        "parameters.binary_data_output: Input should be a valid boolean, got 'false'"),
@@ -130,10 +130,10 @@ STRICT_CASES = {
     "binary_data_size as a string": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": "32"}}]
                                       + good_inputs()[1:]},
                                      "inputs[0].parameters.binary_data_size: Input should be a valid integer"),
-    "boolean in FP32 data": (with_x(data=[True] + [0.5] * 7), "inputs[0].data[0]: Input should be a valid number, got True"),
+    "boolean in FP32 data": (with_x(data=[True] + [0.5] * 7), "inputs[0].data[0]: Input should be a valid number, got true"),
     "dict inside data": (with_x(data=[0.5] * 7 + [{"a": 1}]), "inputs[0].data[7]: Input should be a valid number"),
-    "null in INT64 data": (with_idx([1, 2, None, 4, 5, 6]), "inputs[1].data[2]: Input should be a valid integer, got None"),
-    "boolean in INT64 data": (with_idx([1, True, 3, 4, 5, 6]), "inputs[1].data[1]: Input should be a valid integer, got True"),
+    "null in INT64 data": (with_idx([1, 2, None, 4, 5, 6]), "inputs[1].data[2]: Input should be a valid integer, got null"),
+    "boolean in INT64 data": (with_idx([1, True, 3, 4, 5, 6]), "inputs[1].data[1]: Input should be a valid integer, got true"),
     "dict in nested INT64 data": (with_idx([[1, 2, 3], [4, {"b": [1]}, 6]]), "inputs[1].data[1][1]: Input should be a valid integer"),
     "mixed nesting": (with_x(data=[[0.5] * 4, 0.5]), "inputs[0].data[1]: Input should be a valid array, got 0.5"),
     "integer for BOOL": ({"inputs": good_inputs()[:2] + [tensor("mask", MASK, "BOOL", data=[1, 0] * 4)]},
@@ -143,6 +143,12 @@ STRICT_CASES = {
     "id not a string": (with_x(id=5), "id: Input should be a valid string, got 5"),
     "both data and binary_data_size": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": 32}}]
                                         + good_inputs()[1:]}, "input 'x' has both 'data' and parameters.binary_data_size"),
+    # quoted as JSON writes them, not as Python does (None, True, False)
+    "null for the inputs list": ({"inputs": None}, "inputs: Input should be a valid array, got null"),
+    "null for a name": ({"inputs": [{**tensor("x", X, "FP32"), "name": None}] + good_inputs()[1:]},
+                        "inputs[0].name: Input should be a valid string, got null"),
+    "false in nested INT64 data": (with_idx([[1, 2, 3], [4, 5, False]]),
+                                   "inputs[1].data[1][2]: Input should be a valid integer, got false"),
     "huge zero-size shape": (with_x(data=[], shape=[0, 2**62, 2**62]), "input 'x': shape [0, 4611686018427387904"),
 }
 
@@ -259,6 +265,34 @@ def test_unknown_routes_and_methods(http):
     # a browser's first look: it said "(a trailing slash is not redirected: )", a fix that names no path
     check(http, http.get("/"), 404, "no endpoint GET /: the server's routes are under /v2 (GET /openapi.json lists them)")
     check(http, http.get("/v2/models/mixed/infer"), 405, "method GET is not allowed on /v2/models/mixed/infer; it takes POST")
+
+
+def _sent(http, request_line: bytes) -> tuple[int, str]:
+    """(status, error) of a request sent as ``request_line`` exactly (httpx cannot send ``OPTIONS *``)."""
+    with socket.create_connection((http.base_url.host, http.base_url.port), timeout=10) as sock:
+        sock.sendall(request_line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, body = reply.split(b"\r\n\r\n", 1)
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+OFF_V2 = "the server's routes are under /v2 (GET /openapi.json lists them)"
+
+
+@pytest.mark.parametrize("request_line, status, message", [
+    # Starlette's URL quoted it as "/*"
+    (b"OPTIONS * HTTP/1.1", 404, f"no endpoint OPTIONS *: {OFF_V2}"),
+    # the router matched the decoded path, the message quoted it: "GET /v2/models/a/b", a path not sent
+    (b"GET /v2/models/a%2Fb HTTP/1.1", 404, "no endpoint GET /v2/models/a%2Fb"),
+    (b"GET /v2/models/a%2Fb/x%20y?q=1 HTTP/1.1", 404, "no endpoint GET /v2/models/a%2Fb/x%20y"),
+    (b"GET /v3/%41 HTTP/1.1", 404, f"no endpoint GET /v3/%41: {OFF_V2}"),
+    (b"GET /v2/models/mi%78ed/infer HTTP/1.1", 405, "method GET is not allowed on /v2/models/mi%78ed/infer; it takes POST"),
+])
+def test_errors_quote_the_request_target_as_sent(http, request_line, status, message):
+    got_status, error = _sent(http, request_line)
+    assert (got_status, error) == (status, message)
 
 
 def test_empty_outputs_list_means_every_output(http):

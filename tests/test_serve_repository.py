@@ -92,14 +92,18 @@ def add_model(value: float) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("policy, served", [
-    ("", ["3"]),
-    ("version_policy: { latest: { num_versions: 2 } }", ["2", "3"]),
-    ("version_policy: { all: { } }", ["1", "2", "3"]),
-    ("version_policy: { specific: { versions: [ 1 ] } }", ["1"]),
-    ("version_policy: { specific: { versions: [ 2, 1 ] } }", ["1", "2"]),
+@pytest.mark.parametrize("policy, served, rule", [
+    ("", ["3"], "the default version_policy, latest { num_versions: 1 } (its config.pbtxt sets none)"),
+    ("version_policy: { latest: { num_versions: 2 } }", ["2", "3"],
+     "its config.pbtxt's version_policy latest { num_versions: 2 }"),
+    ("version_policy: { all: { } }", ["1", "2", "3"], None),
+    ("version_policy: { specific: { versions: [ 1 ] } }", ["1"], "its config.pbtxt's version_policy specific { versions: 1 }"),
+    ("version_policy: { specific: { versions: [ 2, 1 ] } }", ["1", "2"],
+     "its config.pbtxt's version_policy specific { versions: 2 versions: 1 }"),
 ])
-def test_version_policy_says_which_versions_are_served(tmp_path, policy, served):
+def test_version_policy_says_which_versions_are_served(tmp_path, policy, served, rule):
+    """A version on disk that is not served gets a 404 naming the policy that leaves it out (it said
+    only "it serves version 3")."""
     import httpx
 
     from graphc.serving.serve import create_app
@@ -117,8 +121,10 @@ def test_version_policy_says_which_versions_are_served(tmp_path, policy, served)
                 assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [10.0 * int(version)]
                 assert reply.json()["model_version"] == version
             else:
-                assert reply.status_code == 404 and f"it serves {'versions' if len(served) > 1 else 'version'} " \
-                    f"{', '.join(served)}" in reply.json()["error"]
+                assert (reply.status_code, reply.json()["error"]) == (404, f"model 'm' version '{version}' is in the "
+                                                                     f"repository but not served: {rule} serves "
+                                                                     f"{'versions' if len(served) > 1 else 'version'} "
+                                                                     f"{', '.join(served)}")
         reply = httpx.post(f"{base}/models/m/infer", json=body)  # no version: the highest served
         assert reply.json()["model_version"] == served[-1]
         assert httpx.get(f"{base}/models/m").json()["versions"] == served

@@ -47,8 +47,12 @@ class ModelRegistry:
             return versions[next(reversed(versions))]
         model = versions.get(version)
         if model is None:
-            raise ProtocolError(f"model {name!r} has no version {version!r}; it serves "
-                                f"{'version' if len(versions) == 1 else 'versions'} {', '.join(versions)}", 404)
+            served = f"{'version' if len(versions) == 1 else 'versions'} {', '.join(versions)}"
+            rule = versions[next(reversed(versions))].left_out.get(version)
+            if rule is not None:
+                raise ProtocolError(f"model {name!r} version {version!r} is in the repository but not served: "
+                                    f"{rule} serves {served}", 404)
+            raise ProtocolError(f"model {name!r} has no version {version!r}; it serves {served}", 404)
         return model
 
 
@@ -180,6 +184,13 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": brief(message)}, status_code=status)
 
 
+def _sent_path(scope: dict[str, Any]) -> str:
+    """The request target's path as the client sent it: ``*`` for ``OPTIONS *`` (not Starlette's
+    ``/*``), escapes kept (``a%2Fb``, not the ``a/b`` the router matched)."""
+    raw = scope.get("raw_path")  # optional in ASGI
+    return scope["path"] if raw is None else raw.decode("latin-1")
+
+
 def _no_endpoint(method: str, path: str) -> str:
     """The 404 for a path no route takes, with the likely fix: the path without its trailing
     slash, the Triton extension the path belongs to, or, off ``/v2`` (a browser's ``GET /``), where the
@@ -200,13 +211,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        message, allow = str(exc.detail), None
+        message, allow, target = str(exc.detail), None, _sent_path(request.scope)
         if exc.status_code == 404 and message == "Not Found":  # the router's: no route for the path
-            message = _no_endpoint(request.method, request.url.path)
+            message = _no_endpoint(request.method, target)
         if exc.headers and "Allow" in exc.headers:  # a 405 must say what is allowed (RFC 9110, 15.5.6)
             methods = set(exc.headers["Allow"].split(", "))
             allow = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
-            message = f"method {request.method} is not allowed on {request.url.path}; it takes {allow}"
+            message = f"method {request.method} is not allowed on {target}; it takes {allow}"
         reply = _error(exc.status_code, message)
         if allow is not None:
             reply.headers["Allow"] = allow

@@ -141,6 +141,11 @@ def parse(text: str, where: str = "config.pbtxt") -> tuple[Any, Optional[str]]:
     return config, skipped
 
 
+def one_line(message: Any) -> str:
+    """``message`` in text format on one line, as config.pbtxt writes it: ``latest { num_versions: 1 }``."""
+    return text_format.MessageToString(message, as_one_line=True)
+
+
 def complete(config: Any, derived: Any) -> Any:
     """``config`` with the fields it leaves unset taken from ``derived`` (the model's own
     interface, as Triton completes a config from the model); ``config`` itself is changed."""

@@ -79,6 +79,7 @@ class ServedModel:
     """One model version with its session; ``infer`` is safe to call from many threads."""
 
     platform = "onnxruntime_onnx"
+    left_out: dict[str, str] = {}  # a repository model's versions on disk its version_policy does not serve -> it
 
     def __init__(self, name: str, version: str, model: Model, backend: str = "auto", max_batch_size: int = 0,
                  config: Any = None, allow_uncalibrated: bool = False, **options: Any):
@@ -217,9 +218,10 @@ def _model_config(model_dir: Path, root: Path) -> tuple[str, Any]:
     return filename, config
 
 
-def _served_versions(model_dir: Path, root: Path) -> tuple[list[tuple[str, Path]], Any]:
+def _served_versions(model_dir: Path, root: Path) -> tuple[list[tuple[str, Path]], Any, dict[str, str]]:
     """The versions the config's ``version_policy`` serves, lowest first, each with its model file
-    (numeric folders without the file are not versions), and the parsed config. As Triton: ``latest
+    (numeric folders without the file are not versions), the parsed config, and each version on
+    disk the policy leaves out -> the policy, as a 404 for it words it. As Triton: ``latest
     { num_versions: N }`` the N highest (the default: 1), ``all`` every one, ``specific { versions:
     [...] }`` those listed, each of which must be there."""
     filename, config = _model_config(model_dir, root)
@@ -246,16 +248,19 @@ def _served_versions(model_dir: Path, root: Path) -> tuple[list[tuple[str, Path]
         if count < 1:
             raise ModelLoadError(f"{where} latest {{ num_versions: {count} }} serves nothing; give 1 or more")
         served = present[-count:]
-    return [(str(n), _inside(model_dir / str(n) / filename, root)) for n in served], config
+    rule = (f"its config.pbtxt's version_policy {model_config.one_line(policy)}" if chosen
+            else "the default version_policy, latest { num_versions: 1 } (its config.pbtxt sets none)")
+    return [(str(n), _inside(model_dir / str(n) / filename, root)) for n in served], config, \
+        {str(n): rule for n in present if n not in served}
 
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.pbtxt").is_file() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
 
 
-def _repository(root: Path, name: str | None) -> dict[str, tuple[list[tuple[str, Path]], Any]]:
-    """name -> (its served versions and their model files, parsed config.pbtxt or None) for a
-    repository folder or one model's folder."""
+def _repository(root: Path, name: str | None) -> dict[str, tuple[list[tuple[str, Path]], Any, dict[str, str]]]:
+    """name -> (its served versions and their model files, parsed config.pbtxt or None, what the
+    policy leaves out) for a repository folder or one model's folder."""
     root = root.resolve()
     if _is_model_dir(root):
         return {name or root.name: _served_versions(root, root)}
@@ -289,11 +294,11 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto", all
         path = Path(source)
         if path.is_dir():
             found = {}
-            for model_name, (versions, config) in _repository(path, name).items():
+            for model_name, (versions, config, left_out) in _repository(path, name).items():
                 found[model_name] = {version: ServedModel(model_name, version, load(file), backend, config=config,
                                                           **options) for version, file in versions}
                 for model in found[model_name].values():
-                    model.metadata["versions"] = list(found[model_name])
+                    model.metadata["versions"], model.left_out = list(found[model_name]), left_out
             return found
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such model file or repository folder")

@@ -11,7 +11,17 @@ from pydantic import ValidationError
 from graphc.serving.kserve.repeated_keys import repeated_key
 from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
-_SHORT = reprlib.Repr()  # a bad value is quoted briefly, whatever its size
+class _JsonWords(reprlib.Repr):
+    """``reprlib.Repr`` with JSON's words for the values a client sent: ``null``, ``true``, ``false``."""
+
+    def repr_NoneType(self, value: None, level: int) -> str:
+        return "null"
+
+    def repr_bool(self, value: bool, level: int) -> str:
+        return "true" if value else "false"
+
+
+_SHORT = _JsonWords()  # a bad value is quoted briefly, whatever its size
 _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 4, 4, 40, 40, 2
 
 
