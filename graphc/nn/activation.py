@@ -9,10 +9,10 @@ from typing import Any
 from graphc.dsl import ops, ops_layers
 from graphc.dsl.batching import batch_rank
 from graphc.dsl.ops_random import rrelu
-from graphc.nn.draws import constant as _constant
-from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.nn.draws import constant as _constant
+from graphc.nn.module import Module, Parameter
 from graphc.nn.signatures import takes_device
 
 

@@ -17,9 +17,9 @@ from graphc.nn.activation import AlongDim, InPlace
 from graphc.nn.dropout import DropoutLayer
 from graphc.nn.module import Module, Parameter
 from graphc.nn.reprs import not_default
+from graphc.nn.signatures import takes_device
 from graphc.nn.sparse import embedding_weight, padding_row_init, pretrained
 from graphc.passes.values import SYNC_BATCHNORM_KEY
-from graphc.nn.signatures import takes_device
 
 
 @takes_device

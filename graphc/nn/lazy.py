@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops
-from graphc.dsl.builder import active, op_error, user_source
 from graphc.dsl.batching import batch_rank
+from graphc.dsl.builder import active, op_error, user_source
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from graphc.nn.layers import BatchNorm1d, BatchNorm2d, BatchNorm3d, Linear
 from graphc.nn.module import Module

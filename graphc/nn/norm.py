@@ -8,12 +8,12 @@ import numpy as np
 
 from graphc.dsl import ops, ops_layers, ops_nn
 from graphc.dsl.batching import batch_of_one
+from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.nn import draws
 from graphc.nn.layers import BatchNormBase, affine_repr
 from graphc.nn.module import Module, Parameter
-from graphc.dsl.tensor import Tensor
 from graphc.nn.signatures import takes_device
 
 

@@ -14,15 +14,15 @@ import math
 from typing import Any
 
 from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_nn import dropout
+from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import draws
 from graphc.nn.module import Module, Parameter
-from graphc.dsl.ops_nn import dropout
-from graphc.dsl.tensor import Tensor
-from graphc.dsl.builder import op_error, user_source
 from graphc.nn.rnn_projected import projected_layer
-from graphc.nn.utils.rnn import PackedSequence
 from graphc.nn.signatures import takes_device
+from graphc.nn.utils.rnn import PackedSequence
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}

@@ -13,6 +13,8 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_layers import causal_mask
+from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.nn import draws
@@ -20,8 +22,6 @@ from graphc.nn.attention import MultiheadAttention
 from graphc.nn.containers import ModuleList
 from graphc.nn.layers import Dropout, LayerNorm, Linear
 from graphc.nn.module import Module
-from graphc.dsl.ops_layers import causal_mask
-from graphc.dsl.tensor import Tensor
 from graphc.nn.signatures import takes_device
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
