@@ -243,3 +243,16 @@ def test_groupnorm_bias_false_and_hardtanh_deprecated_names(backend):
     np.testing.assert_array_equal(_run(ours, backend, x=x), theirs(_t(x)).numpy())
     with pytest.raises(CaptureError, match="max_val -1.0 must be greater than min_val 1.0"):
         nn.Hardtanh(1.0, -1.0)
+
+
+@pytest.mark.parametrize("build, names", [
+    (lambda: nn.RNNBase("LSTM", 3, 4), "nn.RNN, nn.LSTM and nn.GRU"),
+    (lambda: nn.RNNBase(3, 4), "nn.RNN, nn.LSTM and nn.GRU"),
+    (lambda: nn.RNNCellBase(3, 4, True, 4), "nn.RNNCell, nn.LSTMCell and nn.GRUCell"),
+], ids=["RNNBase-mode", "RNNBase", "RNNCellBase-num_chunks"])
+def test_recurrent_bases_refuse_to_be_built(build, names):
+    """torch's ``RNNBase('LSTM', 3, 4)`` / ``RNNCellBase(3, 4, True, 4)``: refused naming the classes to build
+    (before: a KeyError '' and a cell of uint16 weights, the 4 read as a dtype)."""
+    with pytest.raises(CaptureError, match=rf"nn\.RNN(Cell)?Base is the base class of {names}.*not built itself"):
+        build()
+    assert isinstance(nn.LSTM(3, 4), nn.RNNBase) and isinstance(nn.GRUCell(3, 4), nn.RNNCellBase)

@@ -28,6 +28,15 @@ from graphc.nn.utils.rnn import PackedSequence
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
 
 
+def refuse_base(module: Module, base: type, build: str) -> None:
+    """A CaptureError when ``module`` is ``base`` itself (torch's ``RNNBase(mode, ...)``,
+    ``RNNCellBase(..., num_chunks)``): graphc's bases are for ``isinstance`` checks; ``build`` names the
+    classes to build instead."""
+    if type(module) is base:
+        raise CaptureError(f"nn.{base.__name__} is the base class of {build}, for isinstance checks, "
+                           f"and is not built itself: build the concrete module")
+
+
 def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int, hidden_size: int, bias: bool,
                         dtype: Any, proj_size: int = 0) -> None:
     """``weight_ih{suffix} [gates*H, input_size]``, ``weight_hh{suffix} [gates*H, H]`` and, with
@@ -45,12 +54,14 @@ def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int
 
 
 @takes_device
-class _RNNBase(Module):
+class RNNBase(Module):
     op = ""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  nonlinearity: str = "tanh", dtype: Any = "float32", proj_size: int = 0):
+        refuse_base(self, RNNBase, "nn.RNN, nn.LSTM and nn.GRU (torch's RNNBase('LSTM', ...) is nn.LSTM(...), "
+                    "'GRU' nn.GRU, 'RNN_TANH' nn.RNN, 'RNN_RELU' nn.RNN(..., nonlinearity='relu'))")
         super().__init__()
         if nonlinearity not in ("tanh", "relu"):
             raise CaptureError(f"{self.op} nonlinearity={nonlinearity!r}; expected 'tanh' or 'relu'")
@@ -158,14 +169,14 @@ class _RNNBase(Module):
                           *(f"{k}={v}" for k, (v, default) in given.items() if v != default)])
 
 
-class RNN(_RNNBase):
+class RNN(RNNBase):
     """Elman RNN (``nonlinearity`` tanh or relu): ``out, h_n = rnn(x, h0=None)``."""
 
     op = "RNN"
 
 
 @takes_device
-class GRU(_RNNBase):
+class GRU(RNNBase):
     """``out, h_n = gru(x, h0=None)``."""
 
     op = "GRU"
@@ -176,7 +187,7 @@ class GRU(_RNNBase):
 
 
 @takes_device
-class LSTM(_RNNBase):
+class LSTM(RNNBase):
     """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``. With ``proj_size`` P (torch's LSTM with projections:
     ``h = (o tanh(c)) @ weight_hr.T``, ``out`` and ``h_n`` of width P) each layer is written in the DSL's ops
     (``projected_layer``: step by step at a static length, a Scan at a symbolic one); without, one ONNX LSTM
@@ -200,5 +211,3 @@ class LSTM(_RNNBase):
         out, (h_n, c_n) = self._run(x, hx)
         return out, (h_n, c_n)
 
-
-RNNBase = _RNNBase  # torch.nn.RNNBase: the base of RNN, LSTM and GRU, for isinstance checks

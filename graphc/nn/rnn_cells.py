@@ -17,17 +17,19 @@ from graphc.dsl.ops_cells import gru_cell, lstm_cell, rnn_relu_cell, rnn_tanh_ce
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module
-from graphc.nn.rnn import add_gate_parameters
+from graphc.nn.rnn import add_gate_parameters, refuse_base
 from graphc.nn.signatures import takes_device
 
 _NONLINEARITIES = {"tanh": rnn_tanh_cell, "relu": rnn_relu_cell}
 
 
 @takes_device
-class _Cell(Module):
+class RNNCellBase(Module):
     gates = 1
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, dtype: Any = "float32"):
+        refuse_base(self, RNNCellBase, "nn.RNNCell, nn.LSTMCell and nn.GRUCell (torch's RNNCellBase num_chunks 1, 4 "
+                    "and 3)")
         super().__init__()
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         add_gate_parameters(self, "", self.gates, input_size, hidden_size, bias, dtype)
@@ -67,7 +69,7 @@ class _Cell(Module):
 
 
 @takes_device
-class RNNCell(_Cell):
+class RNNCell(RNNCellBase):
     """``h' = nonlinearity(x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh)``;
     ``forward(input, hx=None) -> h'``."""
 
@@ -83,7 +85,7 @@ class RNNCell(_Cell):
         return _NONLINEARITIES[self.nonlinearity](x, h, *self._weights())
 
 
-class LSTMCell(_Cell):
+class LSTMCell(RNNCellBase):
     """``forward(input, hx=None) -> (h', c')`` with ``hx = (h, c)``: gates ``i f g o`` from
     ``x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh``; ``c' = f c + i g``, ``h' = o tanh(c')``."""
 
@@ -96,7 +98,7 @@ class LSTMCell(_Cell):
         return lstm_cell(x, hc, *self._weights())
 
 
-class GRUCell(_Cell):
+class GRUCell(RNNCellBase):
     """``forward(input, hx=None) -> h'``: gates ``r z n``, ``n = tanh(x_n + r (h @ W_hn.T + b_hn))``,
     ``h' = (1 - z) n + z h``."""
 
@@ -106,5 +108,3 @@ class GRUCell(_Cell):
         x, (h,) = self._checked(input, (hx,))
         return gru_cell(x, h, *self._weights())
 
-
-RNNCellBase = _Cell  # torch.nn.RNNCellBase: the base of the cells, for isinstance checks
