@@ -178,10 +178,13 @@ def test_bad_arguments_are_refused_by_name():
         gc.capture(nn.CELU(0.0), x=X)
 
 
-def test_dim_none_is_the_last_dim_and_reprs_name_the_arguments():
-    for layer, fn in ((nn.Softmin(), lambda x: F.softmin(x, -1)), (nn.LogSoftmax(), lambda x: F.log_softmax(x, -1))):
+def test_dim_none_is_torchs_implicit_dim_and_reprs_name_the_arguments():
+    """``dim=None`` on the 3-D ``X`` is dim 0, torch's deprecated implicit choice, with its warning."""
+    for layer, fn in ((nn.Softmin(), lambda x: F.softmin(x, 0)), (nn.LogSoftmax(), lambda x: F.log_softmax(x, 0))):
         want = gc.Session(gc.capture(fn, x=X), backend="numpy").run({"x": X})["output"]
-        np.testing.assert_array_equal(gc.Session(gc.capture(layer, x=X), backend="numpy").run({"x": X})["output"], want)
+        with pytest.warns(UserWarning, match=f"Implicit dimension choice for {layer.name} has been deprecated"):
+            model = gc.capture(layer, x=X)
+        np.testing.assert_array_equal(gc.Session(model, backend="numpy").run({"x": X})["output"], want)
     assert repr(nn.Hardtanh(-2.0, 3.0)) == "Hardtanh(min_val=-2.0, max_val=3.0)"
     assert repr(nn.ReLU6()) == "ReLU6()"  # as torch's
     assert repr(nn.Softshrink(0.25)) == "Softshrink(0.25)" and repr(nn.LogSoftmax(1)) == "LogSoftmax(dim=1)"

@@ -13,7 +13,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.draws import constant as _constant
 from graphc.nn.module import Module, Parameter
-from graphc.nn.signatures import takes_device
+from graphc.nn.signatures import implicit_dim, takes_device
 
 
 class InPlace(Module):
@@ -211,30 +211,35 @@ class Threshold(InPlace):
 
 
 class AlongDim(Module):
-    """A layer along ``dim`` (Softmax, Softmin, LogSoftmax): ``dim=None`` is the last dim (torch's
-    deprecated implicit choice is not followed), shown as given, as torch's."""
+    """A softmax layer along ``dim`` (Softmax, Softmin, LogSoftmax: ``name``, torch's function): ``dim=None`` is
+    torch's deprecated implicit dim, with its warning (``implicit_dim``), shown as given, as torch's."""
+
+    name = ""
 
     def __init__(self, dim: int | None = None):
         super().__init__()
         self.dim = dim
 
-    @property
-    def axis(self) -> int:
-        """The dim it runs along."""
-        return -1 if self.dim is None else self.dim
+    def axis(self, x: Tensor) -> int:
+        """The dim it runs along on ``x`` (the warning at the module's call: past ``forward`` and ``__call__``)."""
+        return implicit_dim(self.name, x, self.dim, stacklevel=6)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
 
 
 class Softmin(AlongDim):
+    name = "softmin"
+
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.softmin(x, self.axis)
+        return ops_layers.softmin(x, self.axis(x))
 
 
 class LogSoftmax(AlongDim):
+    name = "log_softmax"
+
     def forward(self, x: Tensor) -> Tensor:
-        return ops.log_softmax(x, self.axis)
+        return ops.log_softmax(x, self.axis(x))
 
 
 class RReLU(InPlace):

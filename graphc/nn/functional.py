@@ -6,6 +6,7 @@ from graphc.dsl import ops, ops_layers
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, reshape,
                             sigmoid, sqrt, stack, tanh, where)
 from graphc.dsl.inplace import into, writes_input
+from graphc.nn.signatures import implicit_dim, torch_names as _torch_names
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
@@ -89,20 +90,21 @@ def _in(input, dtype):  # noqa: A002
     return input if dtype is None else cast(ops.lift(input), dtype)
 
 
-def softmax(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002 - torch's names
-    """``torch.nn.functional.softmax(input, dim, dtype=None)``: ``dtype`` casts ``input`` first (``_stacklevel``,
-    torch's warning depth, is unused)."""
-    return ops.softmax(_in(input, dtype), dim)
+def softmax(input, dim: int | None = None, _stacklevel: int = 3, dtype=None):  # noqa: A002 - torch's names
+    """``torch.nn.functional.softmax(input, dim=None, dtype=None)``: ``dtype`` casts ``input`` first;
+    ``dim=None`` is torch's implicit dim, with its warning (``implicit_dim``; ``_stacklevel``, torch's warning
+    depth, is unused)."""
+    return ops.softmax(_in(input, dtype), implicit_dim("softmax", input, dim))
 
 
-def softmin(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002
-    """``torch.nn.functional.softmin(input, dim, dtype=None)``: ``softmax(-input)``."""
-    return ops_layers.softmin(_in(input, dtype), dim)
+def softmin(input, dim: int | None = None, _stacklevel: int = 3, dtype=None):  # noqa: A002
+    """``torch.nn.functional.softmin(input, dim=None, dtype=None)``: ``softmax(-input)``, as ``softmax``."""
+    return ops_layers.softmin(_in(input, dtype), implicit_dim("softmin", input, dim))
 
 
-def log_softmax(input, dim: int = -1, _stacklevel: int = 3, dtype=None):  # noqa: A002
-    """``torch.nn.functional.log_softmax(input, dim, dtype=None)``."""
-    return ops.log_softmax(_in(input, dtype), dim)
+def log_softmax(input, dim: int | None = None, _stacklevel: int = 3, dtype=None):  # noqa: A002
+    """``torch.nn.functional.log_softmax(input, dim=None, dtype=None)``, as ``softmax``."""
+    return ops.log_softmax(_in(input, dtype), implicit_dim("log_softmax", input, dim))
 
 
 def sum(input, *args, **kwargs):  # noqa: A001, A002 - torch's names
@@ -216,7 +218,6 @@ from graphc.dsl.ops_cells import conv_tbc  # noqa: E402
 __all__ += ["conv_tbc"]
 
 # torch's parameter names as keywords (``F.relu6(input=x)``), graphc's (``x=``) still bound
-from graphc.nn.signatures import torch_names as _torch_names  # noqa: E402
 
 _TORCH_NAMES = {"one_hot": {"x": "tensor"}, "split": {"x": "tensor"}, "embedding": {"indices": "input"}}
 for _name in __all__:

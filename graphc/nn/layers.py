@@ -254,8 +254,10 @@ class Tanh(Module):
 
 
 class Softmax(AlongDim):
+    name = "softmax"
+
     def forward(self, x: Tensor) -> Tensor:
-        return ops.softmax(x, self.axis)
+        return ops.softmax(x, self.axis(x))
 
 
 class Flatten(Module):

@@ -1,14 +1,17 @@
 """torch's keywords on graphc's signatures: ``takes_device`` (a module's ``device=`` factory keyword, as
-torch's ``factory_kwargs``) and ``torch_names`` (a function taking torch's parameter names, ``input=``,
-beside graphc's own, ``x=``)."""
+torch's ``factory_kwargs``), ``torch_names`` (a function taking torch's parameter names, ``input=``,
+beside graphc's own, ``x=``) and ``implicit_dim`` (the softmaxes' ``dim=None``, torch's implicit dim)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any, Callable, TypeVar
 
 from graphc.dsl.devices import check_device
+from graphc.dsl.ops import lift
+from graphc.errors import CaptureError
 
 M = TypeVar("M", bound=type)
 
@@ -62,4 +65,20 @@ def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> 
     return named
 
 
-__all__ = ["takes_device", "torch_names"]
+def implicit_dim(name: str, x: Any, dim: int | None, stacklevel: int = 3) -> int:
+    """``dim``; where None, torch's deprecated implicit choice for the softmaxes (``name``: ``softmax``,
+    ``softmin``, ``log_softmax``): dim 0 of a 0-, 1- or 3-D ``x``, else dim 1, with torch's UserWarning. An
+    unknown rank is refused (the dim would depend on it). ``stacklevel``: the warning's frame, counted from
+    here (3: the caller of the function that called this one)."""
+    if dim is not None:
+        return dim
+    shape = lift(x).shape
+    if shape is None:
+        raise CaptureError(f"{name}(dim=None) takes torch's implicit dim from the input's rank, which is unknown "
+                           f"here: give dim")
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as "
+                  f"an argument.", UserWarning, stacklevel=stacklevel)
+    return 0 if len(shape) in (0, 1, 3) else 1
+
+
+__all__ = ["implicit_dim", "takes_device", "torch_names"]
