@@ -17,7 +17,7 @@ from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log,
-                            maximum, mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar, sqrt,
+                            mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar, sqrt,
                             squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.dim_sizes import dim_length, sized
@@ -26,7 +26,7 @@ from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.devices import factory, refuse_out
+from graphc.dsl.devices import factory
 
 # -- elementwise ------------------------------------------------------------------------------
 
@@ -508,18 +508,6 @@ def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
     return where(zero, scalar(0.0, v), sqrt(where(zero, scalar(1.0, v), v)))
 
 
-@autocast_op()
-@in_float32
-def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Tensor:
-    """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim`` (``out=`` refused)."""
-    refuse_out("normalize", out)
-    if p != 2.0:
-        raise CaptureError(f"normalize supports p=2, got p={p} (at {user_source()})")
-    x = lift(x)
-    # the max before the sqrt: no gradient reaches sqrt's infinite slope at 0 (torch's, 1/eps)
-    return x / sqrt(maximum(reduce_sum(x * x, dim, keepdims=True), scalar(eps * eps, x)))
-
-
 @in_float32
 def einsum(equation: str, *operands: Any) -> Tensor:
     """``torch.einsum`` (explicit or implicit output). Signature: ai.onnx@12::Einsum"""
@@ -532,7 +520,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
 
 
 __all__ = [
-    "arange", "argmax", "argmin", "cat", "chunk", "flip", "logsumexp", "normalize", "roll", "std", "var", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
+    "arange", "argmax", "argmin", "cat", "chunk", "flip", "logsumexp", "roll", "std", "var", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
     "gather", "index_select", "masked_fill", "one_hot", "ones", "ones_like", "pad", "permute", "pow", "repeat", "rsqrt",
     "scatter", "sin", "split", "tile", "topk", "tril", "triu", "zeros", "zeros_like",
 ]

@@ -222,8 +222,22 @@ def _root_or_zero(total: Tensor, root: Any) -> Tensor:
     return where(zero, scalar(0, total), root(where(zero, scalar(1, total), total)))
 
 
+@autocast_op()
+@in_float32
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Tensor:
+    """``torch.nn.functional.normalize``: ``x / max(norm(x, p, dim), eps)``, any ``p`` ``norm`` takes (2, 1,
+    ``inf``, ``-inf``, 0, any other number), as torch's; ``out=`` refused."""
+    refuse_out("normalize", out)
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise CaptureError(f"normalize p={p!r}; expected a number (at {user_source()})")
+    x = lift(x)
+    if p == 2:  # the max before the sqrt: no gradient reaches sqrt's infinite slope at 0 (torch's, 1/eps)
+        return x / sqrt(maximum(reduce_sum(x * x, dim, keepdims=True), scalar(eps * eps, x)))
+    return x / maximum(norm(x, p, dim, keepdim=True), scalar(eps, x))
+
+
 __all__ = [
     "all", "amax", "amin", "any", "ceil", "floor", "frac", "isfinite", "isinf", "isnan", "logaddexp", "logical_and",
-    "logical_not", "logical_or", "logical_xor", "nan_to_num", "neg", "norm", "prod", "reciprocal", "round", "sign",
-    "square", "trunc",
+    "logical_not", "logical_or", "logical_xor", "nan_to_num", "neg", "norm", "normalize", "prod", "reciprocal",
+    "round", "sign", "square", "trunc",
 ]

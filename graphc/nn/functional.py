@@ -8,7 +8,7 @@ from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, lo
 from graphc.dsl.inplace import into, writes_input
 from graphc.nn.signatures import implicit_dim, torch_names as _torch_names
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
-                                  full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
+                                  full, full_like, gather, index_select, logsumexp, masked_fill, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
                                   tile, topk, tril, triu, var, zeros, zeros_like)
 from graphc.dsl.ops_divide import fmod, remainder
@@ -19,8 +19,8 @@ from graphc.dsl.ops_embedding import embedding_bag
 from graphc.dsl.losses_linear import linear_cross_entropy
 from graphc.dsl.ops_random import gumbel_softmax, rrelu
 from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
-                                 logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
-                                 reciprocal, round, sign, square, trunc)
+                                 logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, normalize,
+                                 prod, reciprocal, round, sign, square, trunc)
 from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, index_add, index_copy, movedim, narrow,
                                   outer, repeat_interleave, select, sort, t, unflatten)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,

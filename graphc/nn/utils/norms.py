@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_array
+from graphc.dsl import ops, ops_math
 from graphc.dsl.builder import active, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -147,10 +147,10 @@ def power_iterate(mat: Tensor, u: Tensor, v: Tensor, iterations: int, eps: float
     ``u`` then ``v`` (``parametrizations.spectral_norm``'s); ``normalize(x) = x / max(||x||, eps)``."""
     for _ in range(iterations):
         if u_first:
-            u.copy_(ops_array.normalize(ops.matmul(mat, v), dim=0, eps=eps))
-        v.copy_(ops_array.normalize(ops.matmul(ops.transpose(mat, [1, 0]), u), dim=0, eps=eps))
+            u.copy_(ops_math.normalize(ops.matmul(mat, v), dim=0, eps=eps))
+        v.copy_(ops_math.normalize(ops.matmul(ops.transpose(mat, [1, 0]), u), dim=0, eps=eps))
         if not u_first:
-            u.copy_(ops_array.normalize(ops.matmul(mat, v), dim=0, eps=eps))
+            u.copy_(ops_math.normalize(ops.matmul(mat, v), dim=0, eps=eps))
 
 
 def unit(x: np.ndarray, eps: float) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.dsl import ops_array
+from graphc.dsl import ops_math
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -87,4 +87,4 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
 
 def _unit_weight(w: Any, eps: float) -> Any:
     """``w / max(||w||, eps)``: torch's spectral norm of a vector."""
-    return ops_array.normalize(w, dim=0, eps=eps) if isinstance(w, Tensor) else unit(w, eps)
+    return ops_math.normalize(w, dim=0, eps=eps) if isinstance(w, Tensor) else unit(w, eps)
