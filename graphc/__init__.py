@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import inspect
 import sys
 
 from graphc.startup import quiet_interrupts as _quiet_interrupts
@@ -275,6 +276,9 @@ def __getattr__(name: str):
             importlib.import_module(bound)
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
+    if module_name.startswith("graphc.dsl") and inspect.isfunction(value):  # torch's keywords: gc.maximum(input=)
+        keywords = importlib.import_module("graphc.dsl.torch_keywords")
+        value = keywords.torch_names(value, keywords.RENAMES.get(name))
     globals()[name] = value
     return value
 

@@ -5,7 +5,9 @@ numbers on numpy and ort-cpu (float64)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import warnings
 
 import numpy as np
@@ -256,3 +258,124 @@ def test_recurrent_bases_refuse_to_be_built(build, names):
     with pytest.raises(CaptureError, match=rf"nn\.RNN(Cell)?Base is the base class of {names}.*not built itself"):
         build()
     assert isinstance(nn.LSTM(3, 4), nn.RNNBase) and isinstance(nn.GRUCell(3, 4), nn.RNNCellBase)
+
+
+
+# torch's top-level functions: keywords graphc's same-named gc.* function does not take, and why
+TOP_ABSENT_KEYWORDS = {
+    "out": "graphc writes into no given tensor (gc.norm and F.normalize refuse it by name)",
+    "memory_format": "ONNX tensors have no memory layout",
+    "generator": "graphc's random ops draw from gc.manual_seed's stream",
+    "out_dtype": "torch's low-precision matmul accumulator; cast the operands instead",
+}
+TOP_ABSENT = {
+    ("max", "dim"): "gc.max/gc.min are graphc's reductions (axis, keepdims; the values only): torch's max(input, "
+                    "dim, keepdim) -> (values, indices) and max(input, other) are F.max/F.min and Tensor.max",
+    ("max", "keepdim"): "as max's dim", ("max", "other"): "as max's dim", ("min", "dim"): "as max's dim",
+    ("min", "keepdim"): "as max's dim", ("min", "other"): "as max's dim",
+    ("transpose", "dim0"): "gc.transpose(x, perm) is a permutation; torch's transpose(input, dim0, dim1) is "
+                           "F.transpose and Tensor.transpose",
+    ("transpose", "dim1"): "as dim0",
+    ("load", "f"): "gc.load loads a graphc Model, not torch's pickles",
+    ("load", "map_location"): "as f", ("load", "pickle_module"): "as f", ("load", "weights_only"): "as f",
+    ("load", "mmap"): "as f",
+    ("cond", "operands"): "gc.cond takes the operands positionally (*operands)",
+    ("pow", "self"): "torch's overload for a number base; graphc's takes it positionally",
+    ("sum", "dtype"): "cast first (x.to(dtype))", ("mean", "dtype"): "as sum's", ("cumsum", "dtype"): "as sum's",
+    ("softmax", "dtype"): "F.softmax takes it", ("gather", "sparse_grad"): "graphc's gradients are dense",
+    ("asarray", "copy"): "a graph's values are never shared: every gc.asarray is its own",
+    ("repeat_interleave", "output_size"): "a hint for torch's CUDA kernel; the graph computes the size",
+    ("stft", "align_to_window"): "torch 2.13's new framing option, not implemented",
+    ("tensor_split", "sections"): "gc.tensor_split's one indices_or_sections parameter, taken positionally",
+    ("tensor_split", "indices"): "as sections",
+}
+# where torch's docstring names differ from what its argument parser takes (torch's own TypeError lists these)
+TORCH_DOC_FIXES = {"true_divide": ("input", "other"), "unsafe_split": ("input", "split_size", "dim")}
+
+
+def _doc_keywords(fn, name: str) -> list[str] | None:
+    """The keywords of every ``name(...)`` signature line in a C function's docstring (torch's have no
+    ``inspect`` signature), or None when no line parses."""
+    found: dict[str, None] = {}
+    for line in (fn.__doc__ or "").splitlines():
+        m = re.match(rf"(\.\. function:: )?{re.escape(name)}\((.*)\)\s*(->.*)?$", line.strip())
+        try:
+            args = ast.parse(f"def f({m.group(2)}): pass").body[0].args if m else None
+        except SyntaxError:
+            continue
+        found.update(dict.fromkeys(a.arg for a in (*(args.args if args else ()), *(args.kwonlyargs if args else ()))))
+    return list(found) or None
+
+
+def _top_pairs():
+    """(name, torch's keywords, graphc's) for torch's top-level functions that gc has."""
+    for name in dir(torch):
+        fn, ours = getattr(torch, name), getattr(gc, name, None)
+        if name.startswith("_") or isinstance(fn, type) or not callable(fn) or not callable(ours) or \
+                isinstance(ours, type) or inspect.ismodule(ours):
+            continue
+        want = list(TORCH_DOC_FIXES.get(name, ())) or _keywords(fn) or _doc_keywords(fn, name)
+        have = _keywords(ours)
+        if want is not None and have is not None:
+            yield name, want, have
+
+
+def test_every_torch_top_level_keyword_is_taken_or_listed_absent():
+    missing, compared = [], 0
+    for name, want, have in _top_pairs():
+        compared += 1
+        missing += [f"gc.{name}({kw}=)" for kw in want
+                    if kw not in have and kw not in TOP_ABSENT_KEYWORDS and (name, kw) not in TOP_ABSENT]
+    assert compared > 350
+    assert not missing, f"torch keywords gc neither takes nor lists in TOP_ABSENT: {missing}"
+
+
+def test_top_absent_keywords_are_still_absent_and_doc_fixes_are_torchs():
+    pairs = {name: (want, have) for name, want, have in _top_pairs()}
+    for (name, kw), why in TOP_ABSENT.items():
+        want, have = pairs[name]
+        assert kw in want and kw not in have and why
+    t = torch.ones(4)
+    torch.true_divide(input=t, other=t)
+    torch.unsafe_split(input=t, split_size=2, dim=0)
+
+
+BINARY = ["fmod", "remainder", "maximum", "minimum", "logaddexp", "floor_divide", "true_divide", "dist", "matmul",
+          "atan2", "hypot", "copysign", "pow", "fmax", "xlogy"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_functions_take_input_and_other(name, backend):
+    """torch's ``gc.maximum(input=a, other=b)`` (``pow``'s ``exponent``) gives torch's values; graphc's ``a, b``
+    still bind; ``inspect.signature`` shows torch's names."""
+    a, b = RNG.random((3, 3)) + 0.5, RNG.random((3, 3)) + 0.5
+    second = "exponent" if name == "pow" else "other"
+    got = _run(lambda a, b: getattr(gc, name)(input=a, **{second: b}), backend, a=a, b=b)
+    want = getattr(torch, name)(input=_t(a), **{second: _t(b)}).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+    assert list(inspect.signature(getattr(gc, name)).parameters)[:2] == ["input", second]
+    if name in ("fmod", "maximum"):
+        np.testing.assert_array_equal(_run(lambda a, b: getattr(gc, name)(a=a, b=b), backend, a=a, b=b), got)
+        np.testing.assert_array_equal(_run(lambda a, b: getattr(F, name)(input=a, other=b), backend, a=a, b=b), got)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_sub_div_keywords_and_reductions_take_torchs_names(backend):
+    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
+    cases = [(lambda a, b: gc.add(input=a, other=b, alpha=2.5), torch.add(_t(a), _t(b), alpha=2.5)),
+             (lambda a, b: gc.sub(input=a, other=b, alpha=-1.5), torch.sub(_t(a), _t(b), alpha=-1.5)),
+             (lambda a, b: gc.div(input=a, other=b, rounding_mode="floor"), torch.div(_t(a), _t(b),
+                                                                                     rounding_mode="floor")),
+             (lambda a, b: gc.sum(input=a, dim=1, keepdim=True) + gc.mean(a, dim=0), torch.sum(_t(a), dim=1,
+                                                                                                keepdim=True)
+              + torch.mean(_t(a), dim=0)),
+             (lambda a, b: gc.outer(input=a[0], vec2=b[0]), torch.outer(input=_t(a[0]), vec2=_t(b[0]))),
+             (lambda a, b: gc.diff(a, 2, dim=1, prepend=b[:, :2], append=a[:, :1]),
+              torch.diff(_t(a), 2, dim=1, prepend=_t(b[:, :2]), append=_t(a[:, :1])))]
+    for fn, want in cases:
+        np.testing.assert_allclose(_run(fn, backend, a=a, b=b), want.numpy(), rtol=1e-13, atol=1e-15)
+    with pytest.raises(CaptureError, match="'input' and 'a', two names for one argument"):
+        _run(lambda a, b: gc.maximum(a, input=a, a=b), backend, a=a, b=b)
+    with pytest.raises(CaptureError, match=r"prepend must have input's rank 2, got shape \[\]"):
+        _run(lambda a, b: gc.diff(a, prepend=1.5), backend, a=a, b=b)

@@ -4,6 +4,7 @@ the factory keywords (``device=``, ``requires_grad=``, ``layout=``, ``pin_memory
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -70,7 +71,20 @@ def factory(fn: Callable[..., Any]) -> Callable[..., Any]:
         if layout is not None and str(layout).removeprefix("torch.") != "strided":
             raise CaptureError(f"{fn.__name__}(layout={layout!r}): only torch.strided (dense) at {user_source()}")
         return fn(*args, **kwargs)
+
+    made.__signature__ = with_keywords(  # type: ignore[attr-defined]
+        inspect.signature(fn), {"device": None, "requires_grad": False, "layout": None, "pin_memory": False})
     return made
 
 
-__all__ = ["check_device", "device", "factory", "is_device", "refuse_out"]
+def with_keywords(sig: inspect.Signature, defaults: dict[str, Any]) -> inspect.Signature:
+    """``sig`` with the keyword-only parameters ``defaults`` (name -> default) it lacks, before its ``**kwargs``:
+    the signature of a wrapper that takes them."""
+    params = list(sig.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+             for name, default in defaults.items() if name not in sig.parameters]
+    return sig.replace(parameters=[*params[:at], *extra, *params[at:]])
+
+
+__all__ = ["check_device", "device", "factory", "is_device", "refuse_out", "with_keywords"]

@@ -12,7 +12,7 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.indexing import getitem
-from graphc.dsl.ops import (broadcast_shape, const_i64, emit, lift, matmul, reshape, same_dim, same_dtype,
+from graphc.dsl.ops import (broadcast_shape, concat, const_i64, emit, lift, matmul, reshape, same_dim, same_dtype,
                             scalar, transpose, unsqueeze)
 from graphc.dsl.ops_array import dim_index, gather, sort_order
 from graphc.dsl.tensor import Tensor
@@ -106,15 +106,31 @@ def expand_as(x: Tensor, other: Tensor) -> Tensor:
     return emit("Expand", [x, emit("Shape", [other])], out_types=[(x.dtype, other.shape)])
 
 
-def diff(x: Tensor, n: int = 1, dim: int = -1) -> Tensor:
-    """``torch.diff``: ``x[1:] - x[:-1]`` along ``dim``, ``n`` times. Signature: ai.onnx@13::Slice"""
+def diff(x: Tensor, n: int = 1, dim: int = -1, prepend: Any = None, append: Any = None) -> Tensor:
+    """``torch.diff``: ``x[1:] - x[:-1]`` along ``dim``, ``n`` times, after ``prepend`` and ``append`` (each
+    of ``x``'s rank, as torch's) are concatenated to ``x`` along ``dim``.
+    Signature: ai.onnx@13::Slice"""
     x = lift(x)
     dim = dim_index(x, dim, "Slice")
+    parts = [_diff_edge(x, prepend, "prepend"), x, _diff_edge(x, append, "append")]
+    if len(parts := [t for t in parts if t is not None]) > 1:
+        x = concat(parts, axis=dim)
     for _ in range(n):
         tail, head = (emit("Slice", [x, const_i64([a]), const_i64([b]), const_i64([dim])])
                       for a, b in ((1, _INT_MAX), (0, -1)))
         x = tail - head
     return x
+
+
+def _diff_edge(x: Tensor, edge: Any, name: str) -> Tensor | None:
+    """``diff``'s ``prepend``/``append``, which must have ``x``'s rank, as torch's."""
+    if edge is None:
+        return None
+    edge = lift(edge, x)
+    if edge.shape is None or len(edge.shape) != x.ndim:
+        raise op_error("diff", [x, edge], f"{name} must have input's rank {x.ndim}, got "
+                       f"{'unknown rank' if edge.shape is None else f'shape {list(edge.shape)}'}", user_source())
+    return edge
 
 
 @one_element()

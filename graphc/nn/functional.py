@@ -6,7 +6,8 @@ from graphc.dsl import ops, ops_layers
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, reshape,
                             sigmoid, sqrt, stack, tanh, where)
 from graphc.dsl.inplace import into, writes_input
-from graphc.nn.signatures import implicit_dim, torch_names as _torch_names
+from graphc.dsl.torch_keywords import RENAMES as _RENAMES, torch_names as _torch_names
+from graphc.nn.signatures import implicit_dim
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
                                   full, full_like, gather, index_select, logsumexp, masked_fill, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
@@ -218,8 +219,7 @@ from graphc.dsl.ops_cells import conv_tbc  # noqa: E402
 __all__ += ["conv_tbc"]
 
 # torch's parameter names as keywords (``F.relu6(input=x)``), graphc's (``x=``) still bound
-
-_TORCH_NAMES = {"one_hot": {"x": "tensor"}, "split": {"x": "tensor"}, "embedding": {"indices": "input"}}
+_TORCH_NAMES = {**_RENAMES, "one_hot": {"x": "tensor"}, "embedding": {"indices": "input"}}
 for _name in __all__:
     globals()[_name] = _torch_names(globals()[_name], _TORCH_NAMES.get(_name))
 del _name

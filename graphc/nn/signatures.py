@@ -1,15 +1,15 @@
-"""torch's keywords on graphc's signatures: ``takes_device`` (a module's ``device=`` factory keyword, as
-torch's ``factory_kwargs``), ``torch_names`` (a function taking torch's parameter names, ``input=``,
-beside graphc's own, ``x=``) and ``implicit_dim`` (the softmaxes' ``dim=None``, torch's implicit dim)."""
+"""torch's keywords on graphc's modules and ``F`` functions: ``takes_device`` (a module's ``device=`` factory
+keyword, as torch's ``factory_kwargs``) and ``implicit_dim`` (the softmaxes' ``dim=None``, torch's implicit dim).
+A function's torch parameter names: ``graphc.dsl.torch_keywords``."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-from graphc.dsl.devices import check_device
+from graphc.dsl.devices import check_device, with_keywords
 from graphc.dsl.ops import lift
 from graphc.errors import CaptureError
 
@@ -27,42 +27,9 @@ def takes_device(cls: M) -> M:
         check_device(type(self).__name__, device)
         init(self, *args, **kwargs)
 
-    sig = inspect.signature(init)
-    params = list(sig.parameters.values())
-    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
-    device = inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=None)
-    __init__.__signature__ = sig.replace(parameters=[*params[:at], device, *params[at:]])  # type: ignore[attr-defined]
+    __init__.__signature__ = with_keywords(inspect.signature(init), {"device": None})  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
-
-
-def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> Callable[..., Any]:
-    """``fn`` taking torch's names for its parameters (``names``: graphc's name -> torch's; by default
-    ``{"x": "input"}`` when ``fn``'s first parameter is ``x``, torch's ``input``) as keywords, graphc's still
-    bound; its signature shows torch's. ``fn`` itself when nothing is renamed (or it has no signature).
-    Both names for one parameter is a TypeError."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return fn
-    if names is None:
-        names = {"x": "input"} if next(iter(sig.parameters), None) == "x" else {}
-    if not names:
-        return fn
-    own = {torch: mine for mine, torch in names.items()}
-
-    @functools.wraps(fn)
-    def named(*args: Any, **kwargs: Any) -> Any:
-        for torch, mine in own.items():
-            if torch in kwargs:
-                if mine in kwargs:
-                    raise TypeError(f"{fn.__name__}() got {torch!r} and {mine!r}, two names for one argument")
-                kwargs[mine] = kwargs.pop(torch)
-        return fn(*args, **kwargs)
-
-    named.__signature__ = sig.replace(  # type: ignore[attr-defined]
-        parameters=[p.replace(name=names.get(p.name, p.name)) for p in sig.parameters.values()])
-    return named
 
 
 def implicit_dim(name: str, x: Any, dim: int | None, stacklevel: int = 3) -> int:
@@ -81,4 +48,4 @@ def implicit_dim(name: str, x: Any, dim: int | None, stacklevel: int = 3) -> int
     return 0 if len(shape) in (0, 1, 3) else 1
 
 
-__all__ = ["implicit_dim", "takes_device", "torch_names"]
+__all__ = ["implicit_dim", "takes_device"]
