@@ -22,6 +22,7 @@ from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
+from graphc.dsl.resize_antialias import antialiased
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import current, op_error, user_source
@@ -427,21 +428,22 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
                 antialias: bool = False) -> Tensor:
     """``torch.nn.functional.interpolate`` for modes nearest, (bi/tri)linear and bicubic, by ``size``
     or ``scale_factor``; ``recompute_scale_factor=True`` resizes to torch's ``floor(n * factor)`` sizes
-    (static spatial dims), ``antialias=True`` is refused. Signature: ai.onnx@19::Resize"""
+    (static spatial dims); ``antialias=True``: torch's antialiased bilinear/bicubic (``resize_antialias``).
+    Signature: ai.onnx@19::Resize"""
     x = lift(x)
     nd = x.ndim - 2
-    if antialias:
-        raise CaptureError(f"interpolate(antialias=True) is not supported: resize without it (at {user_source()})")
     if recompute_scale_factor and scale_factor is not None:
         dims = x.shape[2:]
         if not all(isinstance(n, int) for n in dims):
             raise op_error("Resize", [x], "recompute_scale_factor=True needs static spatial dims", user_source())
-        factors = scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * nd
-        size, scale_factor = [math.floor(n * float(f)) for n, f in zip(dims, factors)], None
+        size, scale_factor = [math.floor(n * f) for n, f in zip(dims, _factors(scale_factor, nd))], None
     if mode not in _RESIZE_MODES:
         raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted(_RESIZE_MODES)} (at {user_source()})")
     if (size is None) == (scale_factor is None):
         raise CaptureError(f"interpolate takes exactly one of size and scale_factor (at {user_source()})")
+    if antialias:
+        return antialiased(x, mode, None if size is None else ints(size, nd, "size"),
+                           None if scale_factor is None else _factors(scale_factor, nd), align_corners)
     attrs: dict[str, Any] = {"mode": _RESIZE_MODES[mode]}
     if mode == "nearest":
         attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
@@ -450,7 +452,7 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
         if mode == "bicubic":
             attrs["cubic_coeff_a"] = -0.75
     if scale_factor is not None:
-        factors = [float(s) for s in (scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * nd)]
+        factors = _factors(scale_factor, nd)
         sizes = _sizes_scales_miss(x, factors)
         if sizes is None:
             return emit("Resize", [x, None, constant(np.asarray([1.0, 1.0, *factors], np.float32))], attrs)
@@ -461,6 +463,11 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
         return emit("Resize", [x, None, None, const_i64(sizes)], attrs)
     lead = emit("Slice", [emit("Shape", [x]), const_i64([0]), const_i64([2])])
     return emit("Resize", [x, None, None, concat([lead, const_i64(sizes)])], attrs)
+
+
+def _factors(scale_factor: Any, nd: int) -> list[float]:
+    """``scale_factor`` (one number, or one per spatial dim) as ``nd`` floats."""
+    return [float(f) for f in (scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * nd)]
 
 
 def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
