@@ -149,8 +149,6 @@ def test_refusals():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
             gc.Trainer(arts, backend="numpy", accumulate=bad)
-    with pytest.raises(ValueError, match="accumulate=2 is not supported data-parallel"):
-        gc.Trainer(arts, backend="numpy", accumulate=2, workers=2)
     with pytest.raises(ValueError, match="cuda_graph"):
         gc.Trainer(arts, backend="numpy", accumulate=2, cuda_graph=True)
 

@@ -43,7 +43,7 @@ from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
 
-__all__ = ["AccumulatingTrainer", "checked_accumulate"]
+__all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "micro_batches"]
 
 
 def checked_accumulate(value: Any) -> int:
@@ -51,6 +51,51 @@ def checked_accumulate(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {value!r}")
     return int(value)
+
+
+def check_accumulable(manifest: Any, gradients: Any, k: int) -> None:
+    """Refuse, saying why, artifacts (``manifest``, their ``gradients`` graph's proto) whose
+    micro-batches cannot add up to one batch's step with ``accumulate=k``, in one process or on
+    data-parallel workers."""
+    from graphc.passes.values import EXCHANGE_KEY
+
+    m, loss = manifest, manifest.loss
+    if loss.get("kind") == "output":
+        raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: whether it is a mean "
+                             f"or a sum over the rows is unknown, so accumulate={k} cannot weigh the "
+                             "micro-batches' gradients; generate the artifacts with a gc.losses spec "
+                             "(gc.losses.mse, cross_entropy, ...)")
+    if m.renormed:
+        raise ArtifactsError(f"accumulate={k}: an embedding with max_norm renormalises {m.renormed} in place "
+                             "each step; gradient accumulation does not support it")
+    if any(p.key == EXCHANGE_KEY for n in gradients.graph.node for p in n.metadata_props):
+        raise ArtifactsError(f"accumulate={k}: SyncBatchNorm's gradients graph exchanges statistics between "
+                             "workers; gradient accumulation does not support it")
+    outputs = {e.name for e in m.graphs["gradients"].outputs}
+    updated = set(m.feeds.values()) - set(state_names(m.loss_scale))  # not the loss scale: the update's
+    stale = [e.name for e in m.graphs["gradients"].inputs
+             if e.role == "state" and e.name in updated and f"{e.name}.next" not in outputs]
+    if stale:
+        raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics {stale} "
+                             f"(artifacts from an older graphc): generate them again to train with accumulate={k}")
+
+
+def micro_batches(batch: Mapping[str, np.ndarray], specs: list, batch_specs: list, k: int) -> list[dict[str, Any]]:
+    """``batch`` split by rows into ``k`` micro-batches (``np.array_split``; fewer where it has
+    fewer rows): the inputs of ``specs`` whose first dim is ``batch_specs``' batch dim."""
+    dim = batch_dim(batch_specs)
+    split = {s.name for s in specs if by_rows(s, dim, computed=True) and s.name in batch}
+    if not split:
+        raise InputError(f"accumulate={k}: no input of the training graphs starts with a symbolic batch dim "
+                         f"({'; '.join(map(str, batch_specs))}), so step(batch) cannot split the batch into "
+                         "micro-batches")
+    rows = {len(batch[n]) for n in split}
+    if len(rows) > 1:
+        raise InputError(f"the batch's inputs {sorted(split)} have different numbers of rows "
+                         f"({sorted(rows)}); they must share the batch dim {dim!r}")
+    bounds = np.array_split(np.arange(rows.pop()), k)
+    return [{n: (np.asarray(a)[b[0]:b[-1] + 1] if n in split else a) for n, a in batch.items()}
+            for b in bounds if len(b)]
 
 
 class AccumulatingTrainer(Trainer):
@@ -73,7 +118,7 @@ class AccumulatingTrainer(Trainer):
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self.accumulate = k
         self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
-        self._check_accumulable()
+        check_accumulable(m, self.artifacts.gradients.proto, k)
         self._backend = get_backend(backend)
         self.backend = self._backend.name
         self._options = {**TRAINING_OPTIONS, **options}
@@ -107,58 +152,13 @@ class AccumulatingTrainer(Trainer):
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
-    def _check_accumulable(self) -> None:
-        """Refuse, saying why, artifacts whose micro-batches cannot add up to one batch's step."""
-        m, k = self.manifest, self.accumulate
-        loss = m.loss
-        if loss.get("kind") == "output":
-            raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: whether it is a mean "
-                                 f"or a sum over the rows is unknown, so accumulate={k} cannot weigh the "
-                                 "micro-batches' gradients; generate the artifacts with a gc.losses spec "
-                                 "(gc.losses.mse, cross_entropy, ...)")
-        if m.renormed:
-            raise ArtifactsError(f"accumulate={k}: an embedding with max_norm renormalises {m.renormed} in place "
-                                 "each step; gradient accumulation does not support it")
-        if self._synced():
-            raise ArtifactsError(f"accumulate={k}: SyncBatchNorm's gradients graph exchanges statistics between "
-                                 "workers; gradient accumulation does not support it")
-        outputs = {e.name for e in m.graphs["gradients"].outputs}
-        updated = set(m.feeds.values()) - set(state_names(m.loss_scale))  # not the loss scale: the update's
-        stale = [e.name for e in m.graphs["gradients"].inputs
-                 if e.role == "state" and e.name in updated and f"{e.name}.next" not in outputs]
-        if stale:
-            raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics {stale} "
-                                 "(artifacts from an older graphc): generate them again to train with "
-                                 f"accumulate={k}")
-
-    def _synced(self) -> bool:
-        from graphc.passes.values import EXCHANGE_KEY
-
-        graph = self.artifacts.gradients.proto.graph
-        return any(p.key == EXCHANGE_KEY for n in graph.node for p in n.metadata_props)
-
     # -- steps ------------------------------------------------------------------------------------
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One optimizer step on ``batch`` split by rows into ``accumulate`` micro-batches (fewer
         where it has fewer rows); returns the loss of the whole batch (the micro-batches' weighted
         mean, or sum for a summed loss)."""
-        return self._step_on(self._split(batch))
-
-    def _split(self, batch: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
-        specs = [*self.batch_specs, *self.noise_specs]
-        dim = batch_dim(self.batch_specs)
-        split = {s.name for s in specs if by_rows(s, dim, computed=True) and s.name in batch}
-        if not split:
-            raise InputError(f"accumulate={self.accumulate}: no input of the training graphs starts with a "
-                             f"symbolic batch dim ({'; '.join(map(str, self.batch_specs))}), so step(batch) cannot "
-                             "split the batch into micro-batches")
-        rows = {len(batch[n]) for n in split}
-        if len(rows) > 1:
-            raise InputError(f"the batch's inputs {sorted(split)} have different numbers of rows "
-                             f"({sorted(rows)}); they must share the batch dim {dim!r}")
-        bounds = np.array_split(np.arange(rows.pop()), self.accumulate)
-        return [{n: (np.asarray(a)[b[0]:b[-1] + 1] if n in split else a) for n, a in batch.items()}
-                for b in bounds if len(b)]
+        return self._step_on(micro_batches(batch, [*self.batch_specs, *self.noise_specs], self.batch_specs,
+                                          self.accumulate))
 
     def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
         """One optimizer step on the micro-batches ``batches``: each one's gradients added into

@@ -204,7 +204,8 @@ class Trainer:
     ``workers > 1`` or a ``ray_address`` train data-parallel on Ray
     (``graphc.runtime.distributed.DistributedTrainer``, which takes more options).
     ``accumulate=k`` (> 1) steps the optimizer once per k micro-batches, gradients accumulated
-    (``graphc.runtime.accumulating.AccumulatingTrainer``)."""
+    (``graphc.runtime.accumulating.AccumulatingTrainer``; with workers,
+    ``graphc.runtime.distributed.accumulating.DistributedAccumulatingTrainer``)."""
 
     _prediction_graph = "train_step"  # the graph whose prediction output the train metrics read
 
@@ -214,13 +215,10 @@ class Trainer:
 
         accumulate = checked_accumulate(accumulate)
         if cls is Trainer and (workers != 1 or ray_address):
-            if accumulate != 1:
-                raise ValueError(f"accumulate={accumulate} is not supported data-parallel (workers={workers}, "
-                                 f"ray_address={ray_address!r}): train with one process, or give the workers "
-                                 "the whole batch (workers share it as accumulation would)")
+            from graphc.runtime.distributed.accumulating import DistributedAccumulatingTrainer
             from graphc.runtime.distributed.trainer import DistributedTrainer
 
-            cls = DistributedTrainer
+            cls = DistributedTrainer if accumulate == 1 else DistributedAccumulatingTrainer
         elif cls is Trainer and accumulate != 1:
             cls = AccumulatingTrainer
         return super().__new__(cls)

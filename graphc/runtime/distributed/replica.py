@@ -39,6 +39,7 @@ import onnx
 from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
+from graphc.runtime.distributed.local_sums import LocalSums
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.staged import scales
@@ -89,7 +90,11 @@ class Replica:
         self._renormed = [v.name for v in gradients.graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
-        self._update_outputs = [v.name for v in self._protos["update"].graph.output]
+        # with accumulate=k the update also outputs the combined gradient's norm (``apply`` returns it)
+        norms = {e.name for e in m.graphs["train_step"].outputs if e.role == "grad_norm"}
+        self._norm = [v.name for v in self._protos["update"].graph.output if v.name in norms]
+        self._update_outputs = [v.name for v in self._protos["update"].graph.output if v.name not in norms]
+        self._sums = LocalSums()
         self._evals: dict[str, tuple] = {}  # "eval" / "predict": (executable, inputs, outputs)
         self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
         self._class_labels = class_labels(m)  # uint8 arrays the loader holds, cast to int64
@@ -147,13 +152,19 @@ class Replica:
     def step(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> tuple[dict, Optional[dict]]:
         """``_started``, then this worker's gradients on its shard. Returns ({loss, weight},
         gradients); with ``metrics`` set, the first also holds the shard's train metrics
-        (``_metrics``). A staged gradients graph runs by ``begin`` and ``advance`` instead, but for
+        (``_metrics``). A micro-batch of ``accumulate=k`` (``message["micro"]``: its index and k)
+        adds its gradients into the worker's ``LocalSums`` instead, returned after the last. A staged gradients graph runs by ``begin`` and ``advance`` instead, but for
         an empty shard."""
         shard, rows, renorm = self._started(message, gathered)
-        if rows == 0:
-            return {"loss": 0.0, "weight": 0.0}, None
-        host, _ = self._grads.run_bound(self._grad_feeds(shard, renorm), self._wanted(message))
-        return self._outputs(host, message, shard, rows)
+        info, grads = {"loss": 0.0, "weight": 0.0}, None
+        if rows:
+            host, _ = self._grads.run_bound(self._grad_feeds(shard, renorm), self._wanted(message))
+            info, grads = self._outputs(host, message, shard, rows)
+        if "micro" not in message:
+            return info, grads
+        if grads is not None and grads["stats"]:  # rank 0's statistics, read by its next micro-batch
+            self._take_stats(grads["stats"])
+        return info, self._sums.add(grads, *message["micro"])
 
     def _started(self, message: Mapping[str, Any], gathered: tuple) -> tuple[dict, int, dict]:
         """A step's start: ``gathered`` holds every worker's ``renorm_rows`` (their number
@@ -168,7 +179,8 @@ class Replica:
         self.set(message.get("set", {}))
         shard, rows = self._shard(message), message["rows"]
         if message.get("noise"):
-            rng = np.random.default_rng([message["seed"], message["step"], self.rank])
+            index = message.get("micro", (0,))[0]  # a step's later micro-batches draw anew; the first as k=1's
+            rng = np.random.default_rng([message["seed"], message["step"], self.rank, *([index] if index else [])])
             shard.update({n: rng.random(shape, dtype=np.float32) for n, shape in message["noise"].items()})
         return shard, rows, union(gathered[:split]) if split and rows else {}
 
@@ -241,19 +253,18 @@ class Replica:
             info["prediction"] = prediction
         return info
 
-    def apply(self, step: int, *gathered: Optional[dict]) -> None:
+    def apply(self, step: int, *gathered: Optional[dict]) -> Optional[float]:
         """The optimizer update on the weighted average of every worker's gradients (rank
         order, so every worker computes the same bits; a staged step's gradients count by their
         ``scale``). First BN statistics and max_norm's renormalised params become rank 0's: the
         update steps a param from its ``<param>.renormed`` value (so these must come before it)
         and neither reads nor writes the statistics. The update that brings the state to ``step``
         is made once: the driver sends it again after a failed call, which this worker may have
-        applied before failing."""
+        applied before failing. Returns the combined gradient's norm where the update outputs it."""
         if self._applied == step:
             return
         self._applied = step
-        for out, value in gathered[0]["stats"].items():  # "<stat>.next", "<param>.renormed"
-            self._state[out[: -len(RENORMED if out.endswith(RENORMED) else ".next")]] = self._update.to_device(value)
+        self._take_stats(gathered[0]["stats"])
         done = [g for g in gathered if g is not None and (g["weight"] > 0 or "scale" in g)]  # "scale": staged
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
@@ -262,13 +273,19 @@ class Replica:
             feeds[name] = weighted_sum([g["grads"][name] for g in done], shares)
         for name in self._touched:  # stepped where any worker read it (an empty shard read nothing)
             feeds[name] = np.logical_or.reduce([g["touched"][name] for g in gathered if g is not None])
-        _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
+        host, device = self._update.run_bound(feeds, self._norm, self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:
             name = out[: -len(".next")]
             spare[out] = self._state[name]
             self._state[name] = device[out]
         self._spare = spare
+        return float(host[self._norm[0]]) if self._norm else None
+
+    def _take_stats(self, stats: Mapping[str, Any]) -> None:
+        """Set rank 0's ``stats`` (``"<stat>.next"``, ``"<param>.renormed"``) as the carried tensors."""
+        for out, value in stats.items():
+            self._state[out[: -len(RENORMED if out.endswith(RENORMED) else ".next")]] = self._update.to_device(value)
 
     def set(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Replace some carried tensors (``lr``, say) as given."""

@@ -35,8 +35,7 @@ the running statistics are rank 0's, copied to every worker after each step (DDP
 differ, as in DDP, between different numbers of workers.
 
 ``fit`` keeps a copy of the last checkpoint (each epoch's start, after the scheduler's step): when a worker
-dies, the workers are started again, loaded from it, and the run goes on, at most
-``max_restarts`` times.
+dies, the workers are started again, loaded from it, and the run goes on, at most ``max_restarts`` times.
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
     """
 
     _prediction_graph = "gradients"  # the workers' graph: its prediction output gives the train metrics
+    _update_norm = False  # whether the workers' update outputs the gradient norm (``apply`` returns it)
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
@@ -94,11 +94,11 @@ class DistributedTrainer(Trainer, DrivesWorkers):
                              "the gradients and update graphs separately, without CUDA graphs")
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
-        self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
+        self.manifest = m = self.manifest.in_model_order()  # the workers run the gradients and update graphs
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_data_parallel()
         a = self.artifacts
-        graphs = {"gradients": worker_gradients_model(a), "update": update_model(self.manifest), "eval": a.eval}
+        graphs = {"gradients": worker_gradients_model(a), "update": update_model(m, self._update_norm), "eval": a.eval}
         graphs.update(worker_graphs(graphs, self.manifest))
         self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")

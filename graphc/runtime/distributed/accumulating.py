@@ -1,0 +1,104 @@
+"""``gc.Trainer(..., workers=N, accumulate=k)``: gradient accumulation on data-parallel workers.
+
+An optimizer step takes ``k`` micro-batches (``fit``: ``k`` consecutive loader batches, the
+epoch's last step what is left; ``step(batch)``: ``batch`` split by rows into ``k``), each a
+global batch cut into the workers' shards as ``DistributedTrainer``'s. Every worker adds its
+shards' gradients, each times its weight (``averaging.shard_weight``), into sums it keeps
+(``local_sums``; PyTorch DDP's ``no_sync``): no gradient leaves a worker between micro-batches.
+After the last, the workers combine their sums once (``Replica.apply``: each reads every
+worker's, weighted by its share of the step's total weight) and the optimizer update runs once,
+so a step equals one process's ``accumulate=k`` step on the same micro-batches (and torch's
+accumulation loop): clipping (``max_grad_norm``) sees the accumulated gradient, whose norm
+before clipping ``History.step_grad_norms`` records, loss scaling checks and unscales it once,
+and ``step_count`` and the lr scheduler advance once. The driver sends a step's calls without
+waiting between them (each worker runs its calls in order) and the combine with them, then
+waits once.
+
+BatchNorm normalises each shard with its own statistics, as ``workers=N`` without accumulation;
+the running statistics are rank 0's, updated by each of its shards in turn, and copied to every
+worker at the combine. Dropout noise is drawn per worker and micro-batch, seeded ``(seed, step,
+rank, index)`` (the first micro-batch as ``k=1``). Checkpoints fall on optimizer-step
+boundaries and record ``k``; a full resume with another ``k`` is refused, as in one process.
+Refused, as in one process (``accumulating.check_accumulable``): SyncBatchNorm (its exchanges
+would run per micro-batch) and embeddings with ``max_norm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError
+from graphc.runtime.accumulating import check_accumulable, checked_accumulate, micro_batches
+from graphc.runtime.averaging import divisor
+from graphc.runtime.distributed.cluster import settle
+from graphc.runtime.distributed.trainer import DistributedTrainer
+
+__all__ = ["DistributedAccumulatingTrainer"]
+
+
+class DistributedAccumulatingTrainer(DistributedTrainer):
+    """``DistributedTrainer`` stepping the optimizer once per ``accumulate`` micro-batches (module
+    docstring). ``combines`` counts the workers' combines (one per optimizer step)."""
+
+    _update_norm = True  # the combine returns the accumulated gradient's norm: step_grad_norms
+
+    def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any):
+        self._k = checked_accumulate(accumulate)
+        self.combines = 0
+        super().__init__(*args, accumulate=self._k, **kwargs)
+
+    def _open(self, *args: Any) -> Any:
+        resume_from = super()._open(*args)
+        self.accumulate = self._k  # before a checkpoint is loaded: its k is checked against this one
+        return resume_from
+
+    def _check_data_parallel(self) -> None:
+        super()._check_data_parallel()
+        check_accumulable(self.manifest, self.artifacts.gradients.proto, self.accumulate)
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One optimizer step on ``batch`` split by rows into ``accumulate`` micro-batches (fewer
+        where it has fewer rows); returns the loss of the whole batch."""
+        return self._step_on(micro_batches(batch, [*self.batch_specs, *self.noise_specs], self.batch_specs,
+                                           self.accumulate))
+
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
+        """One optimizer step on the global micro-batches ``batches``; returns the step's loss (the
+        micro-batches' weighted mean, or sum for a summed loss)."""
+        metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
+        plans = [self._messages(batch, self.batch_specs, noise=True) for batch in batches]
+        for index, (messages, _) in enumerate(plans):
+            for message in messages:
+                message.update(metrics=metrics, micro=(index, len(batches)))
+        what = f"training step {self.step_count + 1}"
+        with self._interrupts:
+            calls = [[r.step.options(num_returns=2).remote(m) for r, m in zip(self._replicas, messages)]
+                     for messages, _ in plans]
+            sums = [grads for _, grads in calls[-1]]
+            combine = [r.apply.remote(self.step_count + 1, *sums) for r in self._replicas]
+            try:
+                infos = [self._get([info for info, _ in call], f"{what}, micro-batch {index + 1} of {len(batches)}",
+                                   bounds) for index, (call, (_, bounds)) in enumerate(zip(calls, plans))]
+                norms = self._get(combine, f"the optimizer update of step {self.step_count + 1}")
+            except GraphcError:
+                settle(self._ray, [grads for call in calls for _, grads in call] + combine)
+                raise
+            self.combines += 1
+            total = divisor(self.manifest.loss, sum(i["weight"] for part in infos for i in part),
+                            "the step's micro-batches")
+            self._step_outputs = {self._grad_norm: np.asarray(norms[0])} if self._grad_norm else None
+            self.step_count += 1
+            if metrics:
+                self._step_metrics = self._summed_metrics(batches, infos, plans)
+            return sum(i["loss"] for part in infos for i in part) / total
+
+    def _summed_metrics(self, batches: list, infos: list[list[dict]], plans: list) -> dict[str, float]:
+        """The step's train metrics times its examples: each micro-batch's (``_joined_metrics``) added."""
+        summed: dict[str, float] = {}
+        for batch, part, (messages, _) in zip(batches, infos, plans):
+            for name, value in self._joined_metrics(batch, part, sum(m["rows"] for m in messages)).items():
+                summed[name] = summed.get(name, 0.0) + value
+        return summed

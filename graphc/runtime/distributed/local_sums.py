@@ -1,0 +1,57 @@
+"""A data-parallel worker's gradients summed over one optimizer step's micro-batches, kept on
+the worker until the step's one combine (``gc.Trainer(workers=N, accumulate=k)``; PyTorch DDP's
+``no_sync``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["LocalSums"]
+
+
+class LocalSums:
+    """Each micro-batch's shard gradients (the shard's mean) times the shard's weight
+    (``averaging.shard_weight``), added up in float32 at least, as ``replica.weighted_sum``.
+    ``add`` returns, after the step's last micro-batch, what ``Replica.apply`` combines: the sums
+    over the weights' total (the worker's mean over all its rows of the step) with that total as
+    its weight, so the workers' weighted average is the mean over every row of the step's k
+    global batches, as one process with ``accumulate=k``. A summed loss's shards weigh 1 and
+    its average divides by 1: the gradients just add up."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._sums: dict[str, np.ndarray] = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self._weight, self._seen = 0.0, False
+        self._stats: dict[str, Any] = {}
+        self._touched: dict[str, np.ndarray] = {}
+
+    def add(self, part: Optional[Mapping[str, Any]], index: int, count: int) -> Optional[dict]:
+        """Add micro-batch ``index`` (of ``count``; 0 starts a step) given ``part``, the shard's
+        ``Replica._outputs`` gradients (None: an empty shard); after the last, return the step's
+        (None where every shard of this worker was empty)."""
+        if index == 0:
+            self._reset()
+        if part is not None:
+            self._seen = True
+            self._weight += part["weight"]
+            self._stats = part["stats"] or self._stats  # rank 0's, after its latest micro-batch
+            for name, flag in part["touched"].items():  # stepped where any micro-batch read it
+                self._touched[name] = np.logical_or(self._touched.get(name, False), flag)
+            with np.errstate(over="ignore", invalid="ignore"):  # a loss-scaled overflow is the update's to find
+                for name, grad in part["grads"].items():
+                    if name not in self._sums:
+                        self._dtypes[name] = grad.dtype
+                        self._sums[name] = np.zeros(grad.shape, np.result_type(grad.dtype, np.float32))
+                    self._sums[name] += np.multiply(grad, part["weight"], dtype=self._sums[name].dtype)
+        if index + 1 < count or not self._seen:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            grads = {name: (acc / self._weight).astype(self._dtypes[name], copy=False)
+                     for name, acc in self._sums.items()} if self._weight else {}
+        return {"weight": self._weight, "grads": grads, "stats": self._stats, "touched": self._touched}
