@@ -15,6 +15,7 @@ import hashlib
 import numbers
 import queue
 import threading
+from contextlib import contextmanager
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
@@ -221,6 +222,19 @@ def replays(loader: Any) -> bool:
 
     module = sys.modules.get("graphc.runtime.ray_data")
     return isinstance(loader, DataLoader) or (module is not None and isinstance(loader, module.RayDataLoader))
+
+
+@contextmanager
+def streams_closed(*loaders: Any) -> Iterator[None]:
+    """A ``with`` block after which (raised or not) each ``gc.data.RayDataLoader`` among ``loaders``
+    has closed the streams it held open (``fit``'s: a stream read part way holds its chunks in Ray's
+    object store until it is collected)."""
+    try:
+        yield
+    finally:
+        for loader in loaders:
+            if replays(loader) and not isinstance(loader, DataLoader):
+                loader.close()
 
 
 def __getattr__(name: str) -> Any:

@@ -5,20 +5,28 @@ gather on the driver.
     trainer.fit(loader, epochs=5)          # gc.Trainer(..., workers=N) too
 
 The dataset is run once, in order (Ray Data's ``preserve_order``), into Ray's object store (which
-spills to disk), each block numbered with its rows' places (``__row``). Epoch ``e`` serves the rows
-in the order a ``DataLoader`` with the same settings serves the same rows: the permutation of
-``numpy.random.default_rng((seed, e))``, applied by Ray Data's ``sort`` on each row's place in it
-(no shuffle: in the dataset's order), read in batches by ``iter_batches``. So any batch of any epoch
-is served again from the settings alone, and a checkpoint resumes mid-epoch exactly, as with a
-``DataLoader``. A reader of only some rows of each batch (a data-parallel worker's shard) or some
-columns (the driver's labels) runs a pipeline of those alone, filtered before the sort.
+spills to disk); the reader keeps the blocks' refs and row counts. Epoch ``e`` serves the rows in
+the order a ``DataLoader`` with the same settings serves the same rows (the permutation of
+``numpy.random.default_rng((seed, e))``; no shuffle: the dataset's order), so any batch of any
+epoch is served again from the settings alone and a checkpoint resumes mid-epoch exactly.
+
+The reader knows the block and offset of each row it serves; Ray tasks move the rows. The epoch is
+cut into chunks of whole batches, about a block's rows each: a block whose rows go to several
+chunks is split by one task (in a shuffled epoch, every block: a map-reduce shuffle, as Ray Data's
+``sort`` does, less its sampling pass), and one task per chunk joins its rows in order, ``AHEAD``
+chunks ahead of the one being read. A reader of only some rows of each batch (a data-parallel
+worker's shard) or some columns (the driver's labels) moves those alone.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import weakref
+from collections import deque
+from contextlib import closing
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -27,46 +35,43 @@ from graphc.runtime.data import check_arrays, check_whole
 
 __all__ = ["RayDataLoader"]
 
-ROW, PLACE = "__row", "__place"  # the row's place in the dataset, and in the epoch's order
-
-
-def _numbered(table: Any, first: int) -> Any:
-    """``table`` (a block) with the column ``ROW``: ``first, first + 1, ...``."""
-    import pyarrow
-
-    return table.append_column(ROW, pyarrow.array(np.arange(first, first + table.num_rows, dtype=np.int64)))
+AHEAD = 2  # chunks joined ahead of the one being read
+Columns = Optional[tuple[str, ...]]
 
 
 def _rows(table: Any) -> int:
     return table.num_rows
 
 
-class _Placed:
-    """A ``map_batches`` function: each row's place in epoch ``epoch``'s order (``PLACE``)."""
+def _arrays(table: Any, columns: Columns) -> dict[str, np.ndarray]:
+    """A stored block's ``columns`` (None: all) as numpy arrays, as ``iter_batches`` converts them."""
+    from ray.data.block import BlockAccessor
 
-    def __init__(self, seed: Optional[int], epoch: int, rows: int):
-        self.order = (seed, epoch, rows)
-
-    def __call__(self, batch: dict) -> dict:
-        seed, epoch, rows = self.order
-        where = batch[ROW]
-        if seed is not None:
-            where = np.argsort(np.random.default_rng((seed, epoch)).permutation(rows))[where]
-        batch[PLACE] = where
-        return batch
+    return BlockAccessor.for_block(table if columns is None else table.select(list(columns))).to_batch_format("numpy")
 
 
-class _Kept:
-    """A ``filter`` predicate: rows at places ``[first, end)`` whose place in their batch (of ``size``)
-    lies in ``[lo, hi)``."""
+def _split(columns: Columns, table: Any, *offsets: np.ndarray) -> tuple[dict[str, np.ndarray], ...]:
+    """The rows at each of ``offsets`` of block ``table``: what it gives each chunk it feeds."""
+    arrays = _arrays(table, columns)
+    return tuple({name: a[at] for name, a in arrays.items()} for at in offsets)
 
-    def __init__(self, first: int, end: int, size: int, lo: int, hi: int):
-        self.bounds = (first, end, size, lo, hi)
 
-    def __call__(self, row: dict) -> bool:
-        first, end, size, lo, hi = self.bounds
-        place = int(row[PLACE])
-        return first <= place < end and lo <= place % size < hi
+def _joined(order: Optional[np.ndarray], columns: Columns, offsets: Sequence[Optional[np.ndarray]],
+            *parts: Any) -> dict[str, np.ndarray]:
+    """A chunk's rows: each of ``parts`` (a stored block's rows at its ``offsets``, or a part of a
+    split block: offsets None) in turn, then put in ``order`` (None: as they are)."""
+    pieces = [p if at is None else {name: a[at] for name, a in _arrays(p, columns).items()}
+              for p, at in zip(parts, offsets)]
+    whole = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
+    return whole if order is None else {name: a[order] for name, a in whole.items()}
+
+
+@functools.cache
+def _task(fn: Callable) -> Any:
+    """``fn`` as a Ray task (made once a process)."""
+    import ray
+
+    return ray.remote(fn)
 
 
 class RayDataLoader:
@@ -91,58 +96,56 @@ class RayDataLoader:
         self.batch_size, self.shuffle, self.drop_last, self.seed = int(batch_size), bool(shuffle), bool(drop_last), \
             int(seed)
         self.epoch = 0  # the epoch the next plain ``iter(loader)`` runs
-        self._blocks: Optional[list] = None  # the numbered blocks in Ray's object store (``_store``)
-        self._counts: list[int] = []
-        self._reading: dict = {}  # columns -> (key, next batch index, iterator): the stream read in order
+        self._blocks: Optional[list] = None  # the blocks' refs in Ray's object store (``_store``)
+        self._firsts = np.zeros(0, np.int64)  # each block's first row
+        self._reading: dict = {}  # columns -> (key, next batch index, stream): the stream ``batch`` reads on
+        self._open: weakref.WeakSet = weakref.WeakSet()  # the streams not yet read to their end (``close``)
         self._arrays: Optional[dict[str, np.ndarray]] = None
         self._digest = ""
 
     def __getstate__(self) -> dict:
-        """What a data-parallel worker gets: the stored blocks (refs), not a stream being read."""
+        """What a data-parallel worker gets: the stored blocks (refs), not the streams being read."""
         self._store()
-        return {**self.__dict__, "_reading": {}}
+        return {**self.__dict__, "_reading": {}, "_open": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _open=weakref.WeakSet())
 
     # -- the stored rows ----------------------------------------------------------------------------
     def _store(self) -> list:
-        """Run the dataset once, in order, into numbered blocks in the object store (not here)."""
+        """Run the dataset once, in order, into blocks in the object store (not here)."""
         if self._blocks is None:
             import ray
 
             self.dataset.context.execution_options.preserve_order = True
             refs = self.dataset.to_arrow_refs()
-            self._counts = ray.get([ray.remote(_rows).remote(r) for r in refs])
-            firsts = np.cumsum([0, *self._counts])[:-1]
-            self._blocks = [ray.remote(_numbered).remote(r, int(f)) for r, f in zip(refs, firsts)]
+            counts = ray.get([_task(_rows).remote(r) for r in refs])
+            self._firsts = np.cumsum([0, *counts], dtype=np.int64)
+            self._blocks = refs
         return self._blocks
 
     @property
     def num_samples(self) -> int:
         self._store()
-        return int(sum(self._counts))
+        return int(self._firsts[-1])
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
         """Each column as a stand-in array (its dtype and row shape, ``num_samples`` rows, no data):
         what ``check_against`` checks and a data-parallel driver's batches stand in for."""
         if self._arrays is None:
-            import ray.data
-
-            first = ray.data.from_arrow_refs(self._store()).take_batch(1, batch_format="numpy")
+            first = self._read(np.zeros(1, np.int64), np.array([0, 1]), None)
             self._arrays = {name: np.broadcast_to(np.zeros((), a.dtype), (self.num_samples, *a.shape[1:]))
-                            for name, a in first.items() if name != ROW}
+                            for name, a in next(first).items()}
         return self._arrays
 
     def fingerprint(self) -> str:
         """A digest of the columns' names, dtypes, shapes and up to 64 rows, evenly spaced (as
-        ``DataLoader.fingerprint``'s), read once."""
+        ``DataLoader.fingerprint``'s, equal over the same rows), read once."""
         if not self._digest:
-            import ray.data
-
             n = self.num_samples
-            rows = set(np.unique(np.linspace(0, max(n - 1, 0), min(n, 64)).astype(np.int64)).tolist())
-            picked = ray.data.from_arrow_refs(self._store()).filter(lambda row: row[ROW] in rows)
-            picked.context.execution_options.preserve_order = True
-            got = picked.take_batch(len(rows), batch_format="numpy") if rows else {}
+            rows = np.unique(np.linspace(0, max(n - 1, 0), min(n, 64)).astype(np.int64))
+            got = next(self._read(rows, np.array([0, len(rows)]), None)) if len(rows) else {}
             h = hashlib.sha256()
             for name in sorted(self.arrays):
                 a = self.arrays[name]
@@ -168,24 +171,70 @@ class RayDataLoader:
         return int(self.order(epoch)[index * self.batch_size + row])
 
     # -- reading ------------------------------------------------------------------------------------
-    def _stream(self, epoch: int, start: int, lo: int, hi: int, columns: Optional[tuple[str, ...]],
+    def _read(self, rows: np.ndarray, cuts: np.ndarray, columns: Columns) -> Iterator[dict[str, np.ndarray]]:
+        """The dataset's ``rows`` (their numbers), in that order: one dict of arrays a chunk, chunk
+        ``k`` being ``rows[cuts[k]:cuts[k + 1]]``."""
+        import ray
+
+        blocks, chunks = self._store(), len(cuts) - 1
+        block = np.searchsorted(self._firsts, rows, side="right") - 1
+        offset = rows - self._firsts[block]
+        key = (np.searchsorted(cuts, np.arange(len(rows)), side="right") - 1) * len(blocks) + block  # chunk, block
+        by = np.argsort(key, kind="stable")
+        keys, starts = np.unique(key[by], return_index=True)
+        fed: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(chunks)]  # (block, places), in block order
+        feeds: dict[int, list[tuple[int, np.ndarray]]] = {}  # block -> (chunk, places), the chunks it feeds
+        for both, places in zip(keys.tolist(), np.split(by, starts[1:])):
+            c, j = divmod(both, len(blocks))
+            fed[c].append((j, places))
+            feeds.setdefault(j, []).append((c, places))
+        split: dict[tuple[int, int], Any] = {}  # (chunk, block) -> the part of a split block for the chunk
+
+        def join(k: int) -> Any:
+            parts, offsets = [], []
+            for j, places in fed[k]:
+                whole = len(feeds[j]) == 1
+                if not whole and (k, j) not in split:
+                    refs = _task(_split).options(num_returns=len(feeds[j])).remote(
+                        columns, blocks[j], *(offset[p] for _, p in feeds[j]))
+                    split.update({(c, j): ref for (c, _), ref in zip(feeds[j], refs)})
+                parts.append(blocks[j] if whole else split.pop((k, j)))
+                offsets.append(offset[places] if whole else None)
+            at = np.concatenate([p for _, p in fed[k]])
+            order = None if np.all(at[1:] > at[:-1]) else np.argsort(at)
+            return _task(_joined).remote(order, columns, offsets, *parts)
+
+        pending = deque(join(k) for k in range(min(chunks, AHEAD + 1)))
+        for k in range(chunks):
+            if k + AHEAD + 1 < chunks:
+                pending.append(join(k + AHEAD + 1))
+            yield ray.get(pending.popleft())
+
+    def _stream(self, epoch: int, start: int, lo: int, hi: int, columns: Columns,
                 full_only: bool) -> Iterator[dict[str, np.ndarray]]:
         """Rows ``lo:hi`` of batches ``start, start + 1, ...`` of ``epoch`` (of the full batches only,
-        with ``full_only``), in order, one dict a batch."""
-        import ray.data
-
+        with ``full_only``), in order, one dict a batch; in ``_open`` for ``close``."""
         size, n = self.batch_size, self.num_samples
-        end = len(self) * size if not full_only else n // size * size
-        ds = ray.data.from_arrow_refs(self._store())
-        if columns is not None:
-            ds = ds.select_columns([*columns, ROW])
-        ds = ds.map_batches(_Placed(self.seed if self.shuffle else None, epoch, n), batch_format="numpy")
-        ds = ds.filter(_Kept(start * size, min(end, n), size, lo, hi))
-        if self.shuffle:
-            ds = ds.sort(PLACE)
-        ds.context.execution_options.preserve_order = True
-        for batch in ds.iter_batches(batch_size=hi - lo, batch_format="numpy"):
-            yield {name: a for name, a in batch.items() if name not in (ROW, PLACE)}
+        end = n // size * size if full_only else min(len(self) * size, n)
+        places = np.arange(start * size, end)
+        places = places[(lo <= places % size) & (places % size < hi)]
+        counts = np.bincount(places // size - start, minlength=-(-end // size) - start)
+        per = max(1, round(n / max(len(self._blocks), 1) / max(hi - lo, 1)))  # batches a chunk: about a block's rows
+        ends = np.cumsum(counts)
+        cuts = np.array([0, *ends[per - 1::per], *([ends[-1]] if len(ends) % per else [])], np.int64)
+        stream = self._batches(self._read(self.order(epoch)[places], cuts, columns), counts, per)
+        self._open.add(stream)
+        return stream
+
+    @staticmethod
+    def _batches(chunks: Iterator[dict[str, np.ndarray]], counts: np.ndarray,
+                 per: int) -> Iterator[dict[str, np.ndarray]]:
+        """``chunks`` cut into batches of ``counts`` rows, ``per`` batches a chunk: writable copies, as a
+        ``DataLoader``'s (the object store's arrays are read-only, and let go once copied)."""
+        for first, chunk in zip(range(0, len(counts), per), chunks):
+            bounds = np.cumsum(counts[first:first + per])[:-1]
+            for parts in zip(*(np.split(np.array(a), bounds) for a in chunk.values())):
+                yield dict(zip(chunk, parts))
 
     def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """Batches ``start, start+1, ...`` of ``epoch`` (a resumed epoch starts mid-way)."""
@@ -201,10 +250,11 @@ class RayDataLoader:
         return self.iter_epoch(epoch)
 
     def batch(self, epoch: int, index: int, rows: slice = slice(None),
-              columns: Optional[tuple[str, ...]] = None) -> dict[str, np.ndarray]:
+              columns: Columns = None) -> dict[str, np.ndarray]:
         """Batch ``index`` of ``epoch``, or only its ``rows`` (a data-parallel worker's shard) or
         ``columns``: read on from the stream of the last call where it goes on from there (a worker
-        reads its shards in order), else from a stream started at ``index``."""
+        reads its shards in order; the stream is closed once its last batch is read), else from a
+        stream started at ``index``."""
         size = min(self.batch_size, self.num_samples - index * self.batch_size)
         lo, hi, _ = rows.indices(size)
         hi = max(hi, lo)
@@ -213,16 +263,32 @@ class RayDataLoader:
                     if columns is None or name in columns}
         whole = (lo, hi) == (0, size)
         if not whole and size < self.batch_size:  # a last partial batch's part: read alone
-            return next(self._stream(epoch, index, lo, hi, columns, full_only=False))
+            stream = self._stream(epoch, index, lo, hi, columns, full_only=False)
+            with closing(stream):
+                return next(stream)
         key = (epoch, 0, self.batch_size) if whole else (epoch, lo, hi)
         held = self._reading.get(columns)
         if held is None or held[0] != key or not held[1] <= index:
+            if held is not None:
+                held[2].close()
             held = [key, index, self._stream(epoch, index, *key[1:], columns, full_only=not whole)]
             self._reading[columns] = held
         for _ in range(index - held[1]):
             next(held[2])
         held[1] = index + 1
-        return next(held[2])
+        got = next(held[2])
+        if held[1] == (len(self) if whole else self.num_samples // self.batch_size):
+            held[2].close()
+            del self._reading[columns]
+        return got
+
+    def close(self) -> None:
+        """Stop reading every stream not read to its end (its chunks in flight and in the object store
+        are let go); ``fit`` does at its end. A later read starts a stream again."""
+        for stream in list(self._open):
+            stream.close()
+        self._open.clear()
+        self._reading.clear()
 
     def column(self, epoch: int, index: int, name: str) -> np.ndarray:
         """Column ``name`` of batch ``index`` of ``epoch`` alone (a data-parallel driver reads the

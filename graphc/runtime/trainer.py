@@ -68,7 +68,7 @@ from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.runtime import averaging, checkpoint as ckpt, checkpoint_folder, momentum as momentum_lib, resume_rules
 from graphc.runtime import metrics as metrics_lib, params_only
 from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
-                                 first_non_finite, replays)
+                                 first_non_finite, replays, streams_closed)
 from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
@@ -729,7 +729,8 @@ class Trainer:
                 board.flush()
             self.save_checkpoint(checkpoint)
 
-        with self._saved_on_interrupt(checkpoint, board), self._interrupts.armed(), \
+        with streams_closed(loader, eval_loader), self._saved_on_interrupt(checkpoint, board), \
+                self._interrupts.armed(), \
                 TrainProgress(epochs, len(loader), bar=progress and not quiet, lines=not quiet) as bar:
             while self.epoch < epochs:
                 self._fit_epoch(loader, history, bar, board, save if checkpoint_every else None, checkpoint_every)
