@@ -6,8 +6,8 @@ channel per row, BatchNorm1d on ``[N, C]``, a train step's ``R``-row batch goes 
 ``min(N, R // 2)`` workers so no shard has 1 row, the others get none and count for nothing), one
 per worker, a Ray actor holding the ``gradients`` and optimizer ``update`` graphs on its own backend
 (``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` (or ``RayDataLoader``: the
-driver reads the labels alone, each worker a pipeline of its rows, ``graphc.runtime.ray_data``) each worker reads its
-own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
+driver reads the labels alone, each worker its own rows, by Ray tasks, ``graphc.runtime.ray_data``) each worker
+reads its own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
 message is the batch's position and the shard's rows), so the global order is the loader's, as
 in one process; ``step(batch)`` and evaluation send each worker its shard. One actor call per
 worker and step: it applies the previous step's update, then computes its gradients, which
