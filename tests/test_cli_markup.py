@@ -85,6 +85,6 @@ def test_paths_and_names_with_brackets_print_as_they_are(capsys, tmp_path, monke
     assert f"{root / '[bold]inf.onnx'} -> {root / '[bold]opt.onnx'}:" in optimized, optimized
     deployed = said("deploy", "triton", root / "[bold]opt.onnx", "--repo", root / "[bold]repo", "--name", "m")
     assert f"wrote {root / '[bold]repo' / 'm' / 'config.pbtxt'}" in deployed, deployed
-    monkeypatch.setattr(serve, "serve", lambda source, on_ready, **_: on_ready(("127.0.0.1", 8000)))
-    served = said("serve", root / "[bold]opt.onnx", "-b", "numpy")
-    assert f"serving {root / '[bold]opt.onnx'} on" in served and f"stopped serving {root / '[bold]opt.onnx'}" in served
+    monkeypatch.setattr(serve, "serve_app", lambda app, host, port, on_ready, **_: on_ready(("127.0.0.1", 8000)))
+    served = said("serve", root / "[bold]opt.onnx", "-b", "numpy", "--name", "m")
+    assert f"serving {root / '[bold]opt.onnx'} on" in served and "model m: version 1 on numpy" in served and f"stopped serving {root / '[bold]opt.onnx'}" in served

@@ -220,3 +220,25 @@ def test_a_version_folder_with_leading_zeros_is_refused_by_name(tmp_path):
     with pytest.raises(gc.ModelLoadError, match="'0001'"):
         gc.deploy.triton(fixed_model(), tmp_path, "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["0001", "config.pbtxt"]  # nothing written
+
+
+def test_graphc_serve_names_each_model_its_versions_and_backend_once_it_listens(tmp_path):
+    """After its unchanged "serving ... on ..." line, `graphc serve REPO` prints one line per model:
+    the versions it serves, the backend, and what the version_policy leaves out (it named none)."""
+    import signal
+
+    from serve_util import serve_process
+
+    gc.deploy.triton(mixed_model(), tmp_path, "a")
+    for value in (10.0, 20.0, 30.0):  # versions 1, 2, 3; the policy serves 2 and 3
+        folder = gc.deploy.triton(add_model(value), tmp_path, "m")
+    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text() +
+                                         "version_policy: { latest: { num_versions: 2 } }\n")
+    with serve_process(str(tmp_path), "--backend", "numpy") as (proc, port):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        rest = proc.stdout.read().splitlines()  # not communicate(): it skips what the first readline buffered
+    assert rest == ["  model a: version 1 on numpy",
+                    "  model m: versions 2, 3 on numpy; version 1 left out by its config.pbtxt's version_policy "
+                    "latest { num_versions: 2 }",
+                    f"stopped serving {tmp_path}"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -91,7 +91,9 @@ def serve_cmd(
 ) -> None:
     """Serve a model or a Triton repository over HTTP (KServe v2).
 
-    Answers the KServe v2 / Open Inference Protocol until SIGINT or SIGTERM. A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
+    Answers the KServe v2 / Open Inference Protocol until SIGINT or SIGTERM. Once it listens it
+    prints the address, then one line per model: the versions it serves, the backend, and the
+    versions on disk its version_policy leaves out. A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
     repository by hand) is refused at load (exit 2) unless --allow-uncalibrated."""
     from graphc.backends import get_backend
     from graphc.serving import serve as serving
@@ -107,10 +109,13 @@ def serve_cmd(
     for key, value in limits.items():
         if value <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    timeouts = {"read_timeout": limits.pop("read_timeout")} if "read_timeout" in limits else {}
     if request_timeout is not None:
         if not 0 <= request_timeout < math.inf:  # NaN too
             raise ValueError(f"--request-timeout must be 0 (no limit) or a finite number of seconds, got {request_timeout}")
         limits["request_timeout"] = request_timeout or None
+    served = serving.create_app(source, backend=backend, name=name, allow_unchecked=allow_unchecked,
+                                allow_uncalibrated=allow_uncalibrated, **limits, **options)
 
     def ready(address: tuple[str, int]) -> None:
         chosen = get_backend(backend).name  # what the models' sessions resolved "auto" to
@@ -118,7 +123,26 @@ def serve_cmd(
         bound = f"[{address[0]}]" if ":" in address[0] else address[0]
         console.print(escape(f"serving {source} on http://{bound}:{address[1]}/v2 (backend {shown}); Ctrl-C stops"),
                       highlight=False, soft_wrap=True)
+        for line in served_lines(served.registry.models):
+            console.print(escape(line), highlight=False, soft_wrap=True)
 
-    serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready,
-                  allow_unchecked=allow_unchecked, allow_uncalibrated=allow_uncalibrated, **limits, **options)
+    serving.serve_app(served, host, port, on_ready=ready, **timeouts)
     console.print(escape(f"stopped serving {source}"), highlight=False, soft_wrap=True)
+
+
+def served_lines(models: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per served model (``load_models``' name -> version -> ``ServedModel``): its
+    versions, the backend its sessions run on, and the versions on disk its version_policy leaves
+    out, e.g. ``  model b: versions 2, 3 on numpy; version 1 left out by ...``."""
+    lines = []
+    for name, versions in models.items():
+        newest = versions[next(reversed(versions))]
+        line = f"  model {name}: {_versions(list(versions))} on {newest.session.backend}"
+        if newest.left_out:  # one policy per model: every left-out version has the same rule
+            line += f"; {_versions(list(newest.left_out))} left out by {next(iter(newest.left_out.values()))}"
+        lines.append(line)
+    return lines
+
+
+def _versions(numbers: list[str]) -> str:
+    return f"version{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
