@@ -25,7 +25,7 @@ def triton_cmd(
     max_batch_size: int = typer.Option(0, "--max-batch-size", min=0, help="> 0: Triton batches along dim 0 (must be symbolic)."),
     gpu: bool = typer.Option(False, "--gpu", help="Run instances on the GPU (KIND_GPU) instead of the CPU."),
     dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
-    opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
+    opset: Optional[int] = typer.Option(None, "--opset", help="The ai.onnx opset to write (default: the model's, at most 17)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: deploy the model converted "
                                         "(gc.convert_float; default: as it is)."),
     keep_io_types: bool = keep_io_types_option(True, ": TYPE_FP32 in the config, so clients send what the "

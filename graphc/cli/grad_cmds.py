@@ -176,7 +176,7 @@ def grad_cmd(
                                         "steps (repeatable): momentum (SGD's/RMSprop's momentum, the Adam family's "
                                         "beta1), which graphc train --schedule onecycle or cyclic then cycles as torch "
                                         "does."),
-    output: Optional[Path] = output_option("Artifact directory to write (required; made where missing, the files of "
+    output: Optional[Path] = output_option("The artifact directory to write (required; made where missing, the files of "
                                            "artifacts already there replaced).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:

@@ -82,9 +82,9 @@ def capture_cmd(
     inputs: list[str] = typer.Option(..., "--input", "-i", metavar="NAME:DTYPE[DIM,...]",
                                      help="An input spec, e.g. x:float32[N,784]; one per parameter of forward "
                                      "(or of the function), named as there."),
-    output: Optional[Path] = output_option("Where to write the .onnx file (required).", "FILE.onnx"),
+    output: Optional[Path] = output_option("The .onnx file to write (required).", "FILE.onnx"),
     out: Optional[Path] = OUT_ALIAS,
-    opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)."),
+    opset: int = typer.Option(21, "--opset", help="The ai.onnx opset to write (17..23)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the parameter initialisation."),
     training: Optional[bool] = typer.Option(None, "--training/--eval", help="Capture training-mode (or eval-mode) "
                                             "Dropout/BatchNorm; neither: each module's own train()/eval() mode."),

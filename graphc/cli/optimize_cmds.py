@@ -37,7 +37,7 @@ def optimize_cmd(
     ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL.onnx",
                                  help="The ONNX model to optimize (never modified unless -o names it)."),
-    output: Optional[Path] = output_option("Where to write the optimized model (required).", "FILE.onnx"),
+    output: Optional[Path] = output_option("The optimized .onnx file to write (required).", "FILE.onnx"),
     out: Optional[Path] = OUT_ALIAS,
     level: int = typer.Option(2, "-O", "--level", min=0, max=3, help=_LEVEL_HELP),
     report: bool = typer.Option(False, "--report", help="Print what each pass did."),

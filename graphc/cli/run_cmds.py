@@ -142,11 +142,11 @@ def parity_table(names: list[str], report) -> Table:
 @app.command("parity")
 def parity_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to compare."),
-    backends: str = typer.Option("numpy,ort-cpu", "--backends", metavar="NAME,NAME,...", help="Comma-separated; the first is the reference."),
+    backends: str = typer.Option("numpy,ort-cpu", "--backends", metavar="NAME,NAME,...", help="Backends to compare, comma-separated; the first is the reference."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
                                      help="An input's array; give every input, or none for seeded random feeds."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",
-                                   help="Size of a dim name for random feeds, e.g. N=8 (default 2)."),
+                                   help="Size of a dim name for the random feeds, e.g. N=8 (repeatable; names not given are 2)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random feeds."),
     rtol: Optional[float] = typer.Option(None, "--rtol",
                                          help="Relative tolerance, finite and >= 0 (default: by dtype)."),

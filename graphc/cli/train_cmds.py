@@ -440,9 +440,9 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
 def export_cmd(
     ctx: typer.Context,
     source: Path = typer.Argument(..., metavar="ARTIFACT_DIR|CHECKPOINT", help="Artifact directory or checkpoint."),
-    output: Optional[Path] = output_option("Inference .onnx to write (required).", "FILE.onnx"),
+    output: Optional[Path] = output_option("The inference .onnx file to write (required).", "FILE.onnx"),
     out: Optional[Path] = OUT_ALIAS,
-    opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset (default: the model's)."),
+    opset: Optional[int] = typer.Option(None, "--opset", help="The ai.onnx opset to write, converting to it (default: the model's)."),
     allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
                                          "initial weights even where a checkpoint trained from it exists."),
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: convert the model "
