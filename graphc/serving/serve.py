@@ -4,7 +4,8 @@
     gc.serve("repo/", port=9000)            # every model of a Triton repository
 
 The stock ``tritonclient.http`` client works against it, binary tensors included. The app
-itself lives in ``graphc.serving.kserve``; ``create_app`` builds it without starting a server.
+itself lives in ``graphc.serving.kserve``; ``create_app`` loads the models into it without starting a
+server, and ``serve_app`` serves such an app (``serve`` is the two).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
            "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_READ_TIMEOUT",
-           "DEFAULT_REQUEST_TIMEOUT", "create_app", "serve"]
+           "DEFAULT_REQUEST_TIMEOUT", "create_app", "serve", "serve_app"]
 
 
 def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | None = None,
@@ -93,13 +94,22 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             (``ModelLoadError`` naming the model, version and quantizations) by default.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
+    serve_app(create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
+                         max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
+                         request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes,
+                         max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked,
+                         allow_uncalibrated=allow_uncalibrated, **session_options),
+              host, port, read_timeout=read_timeout, log_level=log_level, access_log=access_log, on_ready=on_ready)
+
+
+def serve_app(app: Any, host: str = "127.0.0.1", port: int = 8000, read_timeout: float = DEFAULT_READ_TIMEOUT,
+              log_level: str = "warning", access_log: bool = False,
+              on_ready: Callable[..., None] | None = None) -> None:
+    """Serve ``app`` (``create_app``'s, its models loaded) as ``serve`` does, until SIGINT or
+    SIGTERM; the port is bound first (in use: ``graphc.errors.ServeError``). The arguments are
+    ``serve``'s."""
     from graphc.serving.kserve import server as kserver
 
-    app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
-                     max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
-                     request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes,
-                     max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked,
-                     allow_uncalibrated=allow_uncalibrated, **session_options)
     # Every held connection is a descriptor: allow as many as the system does.
     kserver.raise_descriptor_limit()
     sock = kserver.listen(host, port)
