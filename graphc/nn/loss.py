@@ -56,9 +56,9 @@ def _weighted(name: str, loss: Callable[..., Tensor], input: Tensor, target: Ten
         raise CaptureError(f"{name}: weight's shape {weight.shape} must be input's {input.shape} (one weight per "
                            f"element, as torch's)")
     out = loss(input, target, "none", *args) * weight
-    if reduction == "mean":
-        return ops.sum(out) / ops.sum(weight) if by_weights else ops.mean(out)
-    return out if reduction == "none" else ops.sum(out)
+    if reduction == "mean" and by_weights:
+        return ops.sum(out) / ops.sum(weight)
+    return losses.reduce_loss(out, reduction)
 
 
 def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
