@@ -22,7 +22,19 @@ from graphc.model.dtypes import to_numpy
 from graphc.nn import draws
 
 
-class InPlace:
+class Sized:
+    """torch's ``dim()`` and ``numel()`` from ``shape`` (a Parameter's and its ``.data``'s)."""
+
+    shape: Any
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class InPlace(Sized):
     """torch's in-place methods over three primitives: ``_assign`` (a new value), ``_transform`` (one computed
     from the old) and ``_redraw`` (a random fill, drawn when the module is initialised)."""
 
@@ -93,12 +105,6 @@ class InPlace:
                                f"(or init_parameters(seed))")
         return draw
 
-    def dim(self) -> int:
-        return len(self.shape)
-
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
 
 def data_of(param: Any, index: tuple = ()) -> Any:
     """The ``.data`` of ``param``'s region ``index``: its value while one is held, else a ``PendingData``."""
@@ -139,6 +145,20 @@ def _remade(param: Any, index: tuple, write: Any) -> None:
     param.reinit(draw)
 
 
+def _redraw_region(param: Any, index: tuple, draw: draws.Init) -> None:
+    """A random fill of ``param``'s region ``index``, drawn when the module is initialised: all of it (``()``)
+    becomes ``draw``'s, a region is written into the value drawn from its initialiser."""
+    if not index:
+        param.reinit(draw)
+    else:
+        _remade(param, index, lambda region, rng: draw(rng, region.shape, region.dtype))
+
+
+def _probe(shape: Any) -> np.ndarray:
+    """A read-only int8 array of ``shape`` (no memory), to learn what indexing does to that shape."""
+    return np.broadcast_to(np.zeros((), np.int8), shape)
+
+
 class ParamData(np.ndarray, InPlace):
     """A held value (or a view of it, by basic indexing) with torch's in-place methods. Arithmetic on it gives
     plain arrays; a copy made by indexing with a list or array changes only itself, as torch's."""
@@ -173,10 +193,7 @@ class ParamData(np.ndarray, InPlace):
         if not self._owned() or self._index is None:
             raise CaptureError(f"{self._where('a random fill')}: this array is a copy or a reshaped view of the "
                                f"parameter, not a region of it; fill the parameter or a slice of its .data")
-        if not self._index:
-            self._param.reinit(draw)
-        else:
-            _remade(self._param, self._index, lambda region, rng: draw(rng, region.shape, region.dtype))
+        _redraw_region(self._param, self._index, draw)
         return data_of(self._param, self._index)
 
     def clone(self, *, memory_format: Any = None) -> np.ndarray:
@@ -190,12 +207,12 @@ class PendingData(InPlace):
 
     def __init__(self, param: Any, index: tuple = ()):
         self._param, self._index = param, index
-        self.shape = tuple(_region(np.broadcast_to(np.zeros((), np.int8), param.shape), index).shape)
+        self.shape = tuple(_region(_probe(param.shape), index).shape)
         self.dtype = np.dtype(to_numpy(param.dtype))
         self.ndim = len(self.shape)
 
     def __getitem__(self, key: Any) -> "PendingData":
-        whole = np.broadcast_to(np.zeros((), np.int8), self.shape)
+        whole = _probe(self.shape)
         if not _is_view(_view(whole, key), whole):
             raise CaptureError(f"{self._where('__getitem__')}: indexing with {key!r} makes a copy, so an in-place "
                                f"method on it would not reach the parameter (nor does it in torch); use slices")
@@ -225,10 +242,7 @@ class PendingData(InPlace):
         live = self._live()
         if live is not None:
             return live._redraw(draw)
-        if not self._index:
-            self._param.reinit(draw)
-        else:
-            _remade(self._param, self._index, lambda region, rng: draw(rng, region.shape, region.dtype))
+        _redraw_region(self._param, self._index, draw)
         return self
 
     def _unread(self, what: str) -> CaptureError:

@@ -3,7 +3,6 @@ is drawn when its module is initialised unless the user set it, and the Tensor t
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -15,10 +14,10 @@ from graphc.dsl.tensor import Size, Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.nn import draws
-from graphc.nn.param_data import data_of
+from graphc.nn.param_data import Sized, data_of
 
 
-class Parameter:
+class Parameter(Sized):
     """A trainable tensor (``buffer=True``: state such as BatchNorm's running mean).
 
     Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
@@ -74,12 +73,6 @@ class Parameter:
     def size(self, dim: int | None = None) -> Any:
         """torch's ``size()``: the shape, or its ``dim`` entry."""
         return self.shape if dim is None else self.shape[dim]
-
-    def dim(self) -> int:
-        return len(self.shape)
-
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
         """Set ``requires_grad`` (False: frozen, read through ``gc.detach``); returns self, as torch's."""
