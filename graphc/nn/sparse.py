@@ -33,7 +33,7 @@ def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -
     return padding_idx, draw
 
 
-def embedding_weight(layer: str, shape: tuple[int, int], draw: init.Init, weight: Any, dtype: Any) -> Parameter:
+def embedding_weight(layer: str, shape: tuple[int, int], draw: draws.Init, weight: Any, dtype: Any) -> Parameter:
     """An embedding layer's ``weight``: drawn by ``draw`` (``padding_row_init``'s), or torch's ``_weight`` (an
     array, ``gc.Tensor`` or Parameter, refused unless ``[num_embeddings, embedding_dim]``) in its dtype, a float64
     array's float32 unless ``dtype`` says (``Parameter``'s rule)."""
