@@ -304,10 +304,15 @@ def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bo
     """``x`` clamped to ``[min_val, max_val]``. Two Wheres, not a Clip: torch's gradient is 0 at the
     bounds themselves (Clip's, as ``torch.clamp``'s, passes there); NaN stays NaN."""
     if not min_val < max_val:
-        raise CaptureError(f"hardtanh needs min_val < max_val, got {min_val} and {max_val} (at {user_source()})")
+        raise CaptureError(f"{hardtanh_bounds_message('hardtanh', min_val, max_val)} (at {user_source()})")
     x = lift(x)
     lo, hi = scalar(min_val, x), scalar(max_val, x)
     return into(x, where(x <= lo, lo, where(x >= hi, hi, x)), inplace)
+
+
+def hardtanh_bounds_message(name: str, min_val: float, max_val: float) -> str:
+    """The refusal of bounds that are not ``min_val < max_val`` (``F.hardtanh``'s and ``nn.Hardtanh``'s)."""
+    return f"{name} needs min_val < max_val, got {min_val} and {max_val}"
 
 
 @writes_input

@@ -122,8 +122,8 @@ class Hardtanh(InPlace):
                               stacklevel=2)
         min_val = min_val if min_value is None else min_value
         max_val = max_val if max_value is None else max_value
-        if not max_val > min_val:
-            raise CaptureError(f"Hardtanh: max_val {max_val} must be greater than min_val {min_val}")
+        if not min_val < max_val:
+            raise CaptureError(ops_layers.hardtanh_bounds_message("Hardtanh", min_val, max_val))
         self.min_val, self.max_val = min_val, max_val
 
     def forward(self, x: Tensor) -> Tensor:
