@@ -22,7 +22,7 @@ from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
-from graphc.dsl.resize_antialias import antialiased
+from graphc.dsl.resize_antialias import antialiased, floor_sizes
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import current, op_error, user_source
@@ -438,10 +438,9 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     x = lift(x)
     nd = x.ndim - 2
     if recompute_scale_factor and scale_factor is not None:
-        dims = x.shape[2:]
-        if not all(isinstance(n, int) for n in dims):
+        if not all(isinstance(n, int) for n in x.shape[2:]):
             raise op_error("Resize", [x], "recompute_scale_factor=True needs static spatial dims", user_source())
-        size, scale_factor = [math.floor(n * f) for n, f in zip(dims, _factors(scale_factor, nd))], None
+        size, scale_factor = floor_sizes(x, _factors(scale_factor, nd)), None
     if mode not in _RESIZE_MODES:
         raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted(_RESIZE_MODES)} (at {user_source()})")
     if (size is None) == (scale_factor is None):
@@ -481,11 +480,8 @@ def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
     backend), so 5 * 1.4 gives 6 (onnxruntime's float32 product gives 7). Such sizes are written
     as ``sizes``, whose implied scales are the factors to within float32 rounding. None where the
     scales give PyTorch's sizes, or a spatial dim is symbolic (the scales are kept)."""
-    dims = x.shape[2:]
-    if not all(isinstance(n, int) for n in dims):
-        return None
-    want = [math.floor(n * f) for n, f in zip(dims, factors)]
-    return want if want != [math.floor(n * float(np.float32(f))) for n, f in zip(dims, factors)] else None
+    want = floor_sizes(x, factors)
+    return None if want is None or want == floor_sizes(x, [float(np.float32(f)) for f in factors]) else want
 
 
 # -- attention --------------------------------------------------------------------------------

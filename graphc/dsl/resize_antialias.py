@@ -50,6 +50,15 @@ def antialias_weights(mode: str, n_in: int, n_out: int, scale: float | None, ali
     return weights
 
 
+def floor_sizes(x: Tensor, factors: Any) -> list[int] | None:
+    """torch's output sizes for scale ``factors``: ``floor(n * factor)``, in double, for each spatial dim ``n`` of
+    ``x``; None where one is symbolic."""
+    dims = x.shape[2:]
+    if not all(isinstance(n, int) for n in dims):
+        return None
+    return [math.floor(n * f) for n, f in zip(dims, factors)]
+
+
 def antialiased(x: Tensor, mode: str, sizes: list[int] | None, factors: list[float] | None,
                 align_corners: bool | None) -> Tensor:
     """``x`` ``(N, C, H, W)`` resized to ``sizes``, or by the scale ``factors`` (torch's ``floor(n * factor)``
@@ -63,7 +72,7 @@ def antialiased(x: Tensor, mode: str, sizes: list[int] | None, factors: list[flo
                        user_source())
     scales: list[Any] = [None, None] if factors is None else [1.0 / f for f in factors]
     if sizes is None:
-        sizes = [math.floor(n * f) for n, f in zip(dims, factors or ())]
+        sizes = floor_sizes(x, factors or ())
     rows, cols = (antialias_weights(mode, n, m, s, bool(align_corners)) for n, m, s in zip(dims, sizes, scales))
     y = matmul(constant(rows.astype(x.dtype)), x)  # [Ho, H] @ [N, C, H, W]
     return matmul(y, constant(np.ascontiguousarray(cols.T).astype(x.dtype)))  # @ [W, Wo]
