@@ -91,7 +91,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     y = x
     if axes:
         bounds = list(zip(axes, starts, ends, steps))
-        y = ops.emit("Slice", [y, _int64s(starts), _int64s(ends), ops.const_i64(axes), _int64s(steps)],
+        y = ops.emit("Slice", [y, ops.int64_vector(starts), ops.int64_vector(ends), ops.const_i64(axes),
+                               ops.int64_vector(steps)],
                      out_types=None if not any(isinstance(v, Tensor) for v in starts + ends + steps) else
                      [(x.dtype, _run_time_sliced(x.shape, bounds, named))])
     if squeeze_axes:
@@ -150,13 +151,6 @@ def _counts_to_name(item: slice) -> bool:
     most the axis' size (else the axis' size; a later op joining it with ``T`` fails at run time, as torch's)."""
     return isinstance(item.stop, str) and all(b is None or (type(b) is int and b == default)
                                               for b, default in ((item.start, 0), (item.step, 1)))
-
-
-def _int64s(values: list) -> Tensor:
-    """An int64 ``[len(values)]``: a constant of ints, else the ints and 0-d Tensors concatenated."""
-    if not any(isinstance(v, Tensor) for v in values):
-        return ops.const_i64(values)
-    return ops.int64_vector(values)
 
 
 def _run_time_sliced(shape: tuple, bounds: list[tuple], named: dict[int, str]) -> list:

@@ -434,14 +434,15 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
         raise op_error("Reshape", [x], f"shape {tuple(shape)} has more than one -1", user_source())
     if not sized:  # a run-time size's count is not known here
         _check_reshape(x, out_shape, shape)
-    static = all(isinstance(d, int) for d in dims)
-    return emit("Reshape", [x, const_i64(dims) if static else int64_vector(dims)], out_types=[(x.dtype, out_shape)])
+    return emit("Reshape", [x, int64_vector(dims)], out_types=[(x.dtype, out_shape)])
 
 
 def int64_vector(values: Iterable[Any]) -> Tensor:
-    """An int64 ``[n]`` of ``values`` (ints, 0-d and ``[1]`` integer Tensors), each made in turn as it is
-    reached: an int a constant ``[1]``, a 0-d Tensor reshaped to ``[1]``, a ``[1]`` Tensor as it is; then
-    concatenated."""
+    """An int64 ``[n]`` of ``values`` (ints, 0-d and ``[1]`` integer Tensors): one constant for a list or tuple
+    of ints, else each made in turn as it is reached (a generator's nodes interleave with its own): an int a
+    constant ``[1]``, a 0-d Tensor reshaped to ``[1]``, a ``[1]`` Tensor as it is; then concatenated."""
+    if isinstance(values, (list, tuple)) and not any(isinstance(v, Tensor) for v in values):
+        return const_i64(values)
     return concat([const_i64([v]) if not isinstance(v, Tensor) else reshape(v, [1]) if v.ndim == 0 else v
                    for v in values])
 
