@@ -204,7 +204,7 @@ class Builder:
     reads them, so a Reshape's target shape gives its output dims).
     """
 
-    def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
+    def __init__(self, opset: int, training: bool, eager: bool, seed: int | None = None):
         if opset not in EMITTED_OPSETS:
             raise CaptureError(f"opset {opset} is not supported; graphc emits ai.onnx opsets "
                                f"{EMITTED_OPSETS[0]}..{EMITTED_OPSETS[-1]}")
@@ -226,7 +226,8 @@ class Builder:
         self.finishers: dict[str, Callable[[ir.Model], None]] = {}
         self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
-        self.rng, self.node_seeds = seeding.streams(seed)  # parameters'; random nodes' seed attributes (node_seed)
+        self.seed = seeding.initial_seed() if seed is None else seed  # None: gc.manual_seed's (0 unless set)
+        self.rng, self.node_seeds = seeding.streams(self.seed)  # parameters'; random nodes' seed attributes
         self.dim_sources: dict[str, tuple[ir.Value, int]] = {}  # a dim name -> (a graph input, its axis)
         self.values: dict[int, np.ndarray] = {}
         self.consts: dict[int, np.ndarray] = {}
@@ -460,7 +461,7 @@ class Outside(Builder):
     ``gc.manual_seed``'s seed (0 unless set)."""
 
     def __init__(self) -> None:
-        super().__init__(21, training=False, eager=True, seed=seeding.initial_seed())
+        super().__init__(21, training=False, eager=True)
 
     def emit(self, *args: Any, **kwargs: Any) -> list[ir.Value]:
         outs = super().emit(*args, **kwargs)

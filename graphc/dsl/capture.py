@@ -16,7 +16,6 @@ from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor method
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
 from graphc.dsl.builder import Builder, raised_at
-from graphc.dsl.seeding import initial_seed
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
@@ -97,7 +96,6 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     forced = module if training is not None else None
     if training is None:
         training = bool(module is not None and module.training)
-    seed = initial_seed() if seed is None else seed
     builder = Builder(opset, training, eager, seed)
     graph_inputs, tensors = [], {}
     for key, (sp, arr) in specs.items():
@@ -110,7 +108,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         if arr is not None:
             builder.values[id(value)] = arr
     if module is not None:
-        module.init_parameters(seed, keep_drawn=True)
+        module.init_parameters(builder.seed, keep_drawn=True)
         builder.rooted = {id(p) for _, p in [*module.named_parameters(), *module.named_buffers()]}
         graph_name = name or type(module).__name__
     else:
