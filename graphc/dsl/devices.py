@@ -72,8 +72,9 @@ def factory(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise CaptureError(f"{fn.__name__}(layout={layout!r}): only torch.strided (dense) at {user_source()}")
         return fn(*args, **kwargs)
 
+    own = inspect.signature(made, follow_wrapped=False).parameters.values()  # made's keyword-only ones, as written
     made.__signature__ = with_keywords(  # type: ignore[attr-defined]
-        inspect.signature(fn), {"device": None, "requires_grad": False, "layout": None, "pin_memory": False})
+        inspect.signature(fn), {p.name: p.default for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY})
     return made
 
 
