@@ -30,12 +30,11 @@ def backend_options(ctx: typer.Context, backend: str) -> dict[str, Any]:
     """The command's ``BACKEND_OPTIONS`` given on its command line, as the keyword arguments of a
     Session, Trainer or server on ``backend``. One that backend ignores is an error naming the
     option and the backend; where ``backend`` is ``auto``, a warning, and it is left out."""
-    options = {}
+    options, chosen = {}, backend  # auto resolved at the first option given, once
     for option, (name, acting, what) in BACKEND_OPTIONS.items():
         if name not in ctx.params or not given(ctx, name):
             continue
-        chosen = backend
-        if backend == "auto":
+        if chosen == "auto":
             from graphc.backends import get_backend
 
             chosen = get_backend("auto").name
