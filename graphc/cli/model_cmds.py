@@ -129,6 +129,11 @@ def _spec_table(title: str, specs: list) -> Table:
     return table
 
 
+# checked_kind -> (what it is, in words; its facts; their description)
+_TRAINING_KINDS = {"artifacts": ("training artifacts", artifacts_facts, describe_artifacts),
+                   "checkpoint": ("a checkpoint", checkpoint_facts, describe_checkpoint)}
+
+
 @app.command("inspect")
 def inspect_cmd(
     model_path: Path = typer.Argument(..., metavar="MODEL.onnx|ARTIFACT_DIR|CHECKPOINT",
@@ -150,15 +155,15 @@ def inspect_cmd(
 
     kind = checked_kind(model_path)
     if kind is not None:
+        what, facts_of, describe = _TRAINING_KINDS[kind]
         if dims:
-            raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is "
-                             f"{'training artifacts' if kind == 'artifacts' else 'a checkpoint'}: inspect one of its "
+            raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is {what}: inspect one of its "
                              ".onnx graphs with --dim")
-        facts = (artifacts_facts if kind == "artifacts" else checkpoint_facts)(model_path)
+        facts = facts_of(model_path)
         if as_json:
             print_json(facts)
         else:
-            (describe_artifacts if kind == "artifacts" else describe_checkpoint)(facts, console)
+            describe(facts, console)
         return
     sizes = parse_dims(dims)
     model = gc.load(model_path)
