@@ -43,12 +43,13 @@ class ModelRegistry:
         versions = self.models.get(name)
         if versions is None:
             raise ProtocolError(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}", 404)
+        latest = versions[next(reversed(versions))]
         if not version:
-            return versions[next(reversed(versions))]
+            return latest
         model = versions.get(version)
         if model is None:
             served = f"{'version' if len(versions) == 1 else 'versions'} {', '.join(versions)}"
-            rule = versions[next(reversed(versions))].left_out.get(version)
+            rule = latest.left_out.get(version)
             if rule is not None:
                 raise ProtocolError(f"model {name!r} version {version!r} is in the repository but not served: "
                                     f"{rule} serves {served}", 404)

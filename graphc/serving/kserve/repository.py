@@ -79,7 +79,6 @@ class ServedModel:
     """One model version with its session; ``infer`` is safe to call from many threads."""
 
     platform = "onnxruntime_onnx"
-    left_out: dict[str, str] = {}  # a repository model's versions on disk its version_policy does not serve -> it
 
     def __init__(self, name: str, version: str, model: Model, backend: str = "auto", max_batch_size: int = 0,
                  config: Any = None, allow_uncalibrated: bool = False, **options: Any):
@@ -92,6 +91,8 @@ class ServedModel:
         if config is not None:
             max_batch_size = config.max_batch_size
         self.name, self.version, self.max_batch_size = name, version, max_batch_size
+        # a repository model's versions on disk its version_policy does not serve -> it (load_models sets it)
+        self.left_out: dict[str, str] = {}
         try:
             require_tensor_interface(model, "the KServe v2 protocol")
         except GraphError as exc:
