@@ -94,10 +94,9 @@ class DeadlineProtocol(HttpToolsProtocol):
     or ``--request-timeout``.)"""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 log: ThrottledLog | None = None, **kwargs: Any):
+                 log: ThrottledLog, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if log is not None:
-            self.logger = log
+        self.logger = log
         self.read_timeout = read_timeout
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
