@@ -197,12 +197,22 @@ def const_axes(node: ir.Node, read: Callable[[ir.Value], np.ndarray | None] = fi
     return [] if attr is None else [int(a) for a in attr.value]
 
 
-def replace_value(old: ir.Value, new: ir.Value) -> None:
-    """Uses of ``old`` read ``new``; a graph output ``old`` becomes ``new`` under the old name."""
+def replace_value(old: ir.Value, new: ir.Value, uses: Iterable | None = None,
+                  suffix: str = "replaced") -> None:
+    """Uses of ``old`` read ``new`` (only ``uses`` where given: those taken before ``new``'s nodes
+    read ``old`` too); a graph output ``old`` becomes ``new`` under the old name, ``old`` renamed
+    ``<name>/<suffix>``."""
     name = old.name if old.is_graph_output() else None
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if uses is None:
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+    else:
+        for use in uses:
+            use.node.replace_input_with(use.idx, new)
+        if name is not None:
+            outputs = old.graph.outputs
+            outputs[outputs.index(old)] = new
     if name is not None:
-        old.name = f"{name}/replaced"
+        old.name = f"{name}/{suffix}"
         new.name = name
 
 

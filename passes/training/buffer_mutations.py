@@ -20,7 +20,7 @@ import re
 import onnx_ir as ir
 
 from graphc.passes.training import modes
-from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, STOP_GRADIENT_KEY
+from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, STOP_GRADIENT_KEY, replace_value
 
 _SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _MUTATION = re.compile(r"^(\S+): BUFFER_MUTATION target='([^']+)'", re.MULTILINE)
@@ -55,9 +55,5 @@ def mark_buffer_mutations(model: ir.Model) -> list[str]:
             graph.insert_before(next(iter(graph)), write)
         else:
             graph.insert_after(value.producer(), write)
-        for use in uses:
-            use.node.replace_input_with(use.idx, new)
-        if value.is_graph_output():
-            graph.outputs[graph.outputs.index(value)] = new
-            new.name, value.name = value.name, f"{value_name}/{buffer}"
+        replace_value(value, new, uses, buffer)
     return marked

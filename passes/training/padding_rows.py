@@ -14,7 +14,7 @@ import re
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.values import STOP_GRADIENT_KEY
+from graphc.passes.values import STOP_GRADIENT_KEY, replace_value
 
 _FX_NODE = "pkg.torch.onnx.fx_node"
 _EMBEDDING = re.compile(r"aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)")
@@ -47,10 +47,6 @@ def freeze_padding_rows(graph: ir.Graph) -> list[str]:
         new = kept.outputs[0]
         new.type, new.shape = out.type, out.shape
         graph.insert_after(node, [pad, hit, axis, rows, detached, kept])
-        for use in uses:
-            use.node.replace_input_with(use.idx, new)
-        if out.is_graph_output():
-            graph.outputs[graph.outputs.index(out)] = new
-            new.name, out.name = out.name, f"{out.name}/embedding"
+        replace_value(out, new, uses, "embedding")
         frozen.append(weight.name)
     return frozen

@@ -14,7 +14,7 @@ import onnx_ir as ir
 from graphc.errors import PassError
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
-from graphc.passes.values import FAKE_QUANTIZE_KEY, STOP_GRADIENT_KEY, onnx_opset
+from graphc.passes.values import FAKE_QUANTIZE_KEY, STOP_GRADIENT_KEY, onnx_opset, replace_value
 
 _FX_NODE = "pkg.torch.onnx.fx_node"
 # aten.embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) with scale_grad_by_freq True
@@ -48,8 +48,8 @@ def scale_grad_by_freq(model: ir.Model) -> list[str]:
         counts = emit.scatter_elements(emit.const(np.zeros(size, np.int64)), flat,
                                        emit.op("Expand", emit.ints([1]), emit.op("Shape", flat)), axis=0)
         count = emit.unsqueeze(emit.op("Cast", emit.op("Gather", counts, indices, axis=0), to=rows.dtype), [-1])
-        _replace(graph, rows, uses, emit.op("Add", _held(emit, rows), emit.op("Div", emit.op("Sub", rows, _held(
-            emit, rows)), count)), "looked_up")
+        replace_value(rows, emit.op("Add", _held(emit, rows), emit.op("Div", emit.op("Sub", rows, _held(
+            emit, rows)), count)), uses, "looked_up")
     if lookups:
         graph.sort()
     return [node.inputs[0].name for node in lookups]
@@ -96,7 +96,7 @@ def straight_through(model: ir.Model) -> list[str]:
                          emit.op("LessOrEqual", r, emit.const(np.float32(high))))
         passed = emit.op("Where", inside, emit.op("Sub", x, _held(emit, x)), emit.op("CastLike", emit.const(
             np.float32(0)), x))
-        _replace(graph, value, uses, emit.op("Add", _held(emit, value), passed), "dequantized")
+        replace_value(value, emit.op("Add", _held(emit, value), passed), uses, "dequantized")
     if pairs:
         graph.sort()
     return [dequantize.outputs[0].name for _, dequantize in pairs]
@@ -135,13 +135,3 @@ def _held(emit: Emitter, value: ir.Value) -> ir.Value:
     held = emit.op("Identity", value)
     held.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
     return held
-
-
-def _replace(graph: ir.Graph, value: ir.Value, uses, new: ir.Value, suffix: str) -> None:
-    """``new`` read where ``value`` was (its ``uses`` before ``new`` was built), the graph output too
-    (under ``value``'s name; ``value`` renamed ``<name>/<suffix>``)."""
-    for use in uses:
-        use.node.replace_input_with(use.idx, new)
-    if value.is_graph_output():
-        graph.outputs[graph.outputs.index(value)] = new
-        new.name, value.name = value.name, f"{value.name}/{suffix}"
