@@ -52,9 +52,9 @@ def spectral_vectors(model: ir.Model, names) -> dict[str, str]:
     """``{name: why}`` for the ``<w>_u``/``<w>_v`` among ``names`` that sit next to a ``<w>_orig``
     initializer in a TorchScript export: spectral norm's power-iteration vectors, buffers of the
     torch module (a dynamo export records them as buffers: ``imports.exporter_constants``)."""
-    graph = model.graph
-    if model.producer_name != "pytorch" or _SIGNATURE in graph.metadata_props:
+    if not imports.torchscript(model):
         return {}
+    graph = model.graph
     found = {}
     for name in names:
         stem, _, last = name.rpartition("_")

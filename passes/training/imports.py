@@ -104,7 +104,7 @@ _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it
 _DETACH_TARGET = "target=torch.ops.aten.detach.default]"  # in a node's fx_node: torch's detach
 
 
-def _torchscript(model: ir.Model) -> bool:
+def torchscript(model: ir.Model) -> bool:
     """Whether ``model`` is a TorchScript export (torch.onnx's, without dynamo's graph signature)."""
     return model.producer_name == _TORCH and _SIGNATURE not in model.graph.metadata_props
 
@@ -118,7 +118,7 @@ def retie_folded_copies(model: ir.Model) -> list[str]:
     (``folded_from``: one initializer) in a dynamo export. Values with fewer than three distinct
     elements (zeros, ones, an identity matrix) are equal by construction, not a copy, and stay."""
     graph = model.graph
-    if _torchscript(model):
+    if torchscript(model):
         sources = [v for n, v in graph.initializers.items()
                    if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
         copies = {n: sources for n in graph.initializers if n.startswith(_TORCHSCRIPT_FOLDED)}
@@ -156,7 +156,7 @@ def untie_merged_params(model: ir.Model) -> list[str]:
     those layers as one; a parameter the model really shares is one initializer read twice,
     never an Identity. (Dynamo merges them too, without an Identity: ``warn_shared_normalization_params``.)"""
     graph = model.graph
-    if not _torchscript(model):
+    if not torchscript(model):
         return []
     untied = []
     for node in list(graph):
