@@ -20,9 +20,9 @@ import re
 import onnx_ir as ir
 
 from graphc.passes.training import modes
+from graphc.passes.training.imports import SIGNATURE
 from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, STOP_GRADIENT_KEY, replace_value
 
-_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _MUTATION = re.compile(r"^(\S+): BUFFER_MUTATION target='([^']+)'", re.MULTILINE)
 
 
@@ -33,7 +33,7 @@ def mark_buffer_mutations(model: ir.Model) -> list[str]:
     never reads (spectral norm's ``weight_v``, computed afresh from ``weight_u`` each training
     forward: no initializer) only stops the gradient, as torch's ``no_grad``."""
     graph = model.graph
-    mutations = _MUTATION.findall(graph.metadata_props.get(_SIGNATURE, ""))
+    mutations = _MUTATION.findall(graph.metadata_props.get(SIGNATURE, ""))
     if not mutations:
         return []
     made = {value.name: value for node in graph for value in node.outputs}

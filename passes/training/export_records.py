@@ -33,8 +33,6 @@ from graphc.errors import first_few
 from graphc.passes.training import imports, modes
 from graphc.passes.values import exact_float
 
-_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
-_FX_NODE = "pkg.torch.onnx.fx_node"
 _CLASSES = "pkg.torch.onnx.class_hierarchy"
 _BUFFER = re.compile(r"^(\S+): BUFFER target='([^']+)'", re.MULTILINE)
 _RANDOM_IN_TRAINING = "Dropout"  # in the torch.nn classes Dropout*d, AlphaDropout, FeatureAlphaDropout
@@ -68,7 +66,7 @@ def warn(model: ir.Model, batchnorm: str) -> None:
     ``modes.warn_fixed_momentum``'s."""
     modes.warn_fixed_momentum(model.graph, batchnorm)
     graph = model.graph
-    dynamo = _SIGNATURE in graph.metadata_props
+    dynamo = imports.SIGNATURE in graph.metadata_props
     vectors = spectral_vectors(model, graph.initializers)
     if vectors:
         _say(f"spectral norm buffers {', '.join(map(repr, vectors))} stay as exported and are not trained: torch "
@@ -119,10 +117,11 @@ def _dropped_statistics(graph: ir.Graph) -> dict[str, str]:
     of the signature that are not in the graph: their ONNX op has no input for them. (A Conv into
     which the exporter fused a BatchNorm records the BatchNorm's op too: the statistics are in its
     weights.)"""
-    buffers = {f"%{placeholder}": target for placeholder, target in _BUFFER.findall(graph.metadata_props[_SIGNATURE])}
+    buffers = {f"%{placeholder}": target
+               for placeholder, target in _BUFFER.findall(graph.metadata_props[imports.SIGNATURE])}
     found = {}
     for node in (n for n in graph if n.op_type in _NORMALIZATIONS):
-        read = re.findall(r"%\w+", node.metadata_props.get(_FX_NODE, "").split("](args", 1)[-1])
+        read = re.findall(r"%\w+", node.metadata_props.get(imports.FX_NODE, "").split("](args", 1)[-1])
         gone = [buffers[p] for p in read if p in buffers and buffers[p] not in graph.initializers]
         if gone:
             found[imports.module_path(node) or node.name] = ", ".join(gone)
@@ -152,7 +151,7 @@ def _rnn_dropouts(graph: ir.Graph) -> dict[str, str]:
     dropout that a dynamo export recorded in eval mode (``train`` False in their ``fx_node``)."""
     found = {}
     for node in graph:
-        match = _RNN.search(node.metadata_props.get(_FX_NODE, ""))
+        match = _RNN.search(node.metadata_props.get(imports.FX_NODE, ""))
         if match and int(match[2]) > 1 and float(match[3]) > 0:
             kind = match[1].upper().replace("_", " ")
             found[imports.module_path(node) or node.name] = f"{kind}, dropout {match[3]} between layers"

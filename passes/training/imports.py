@@ -94,11 +94,11 @@ def _as_initializer(graph: ir.Graph, node: ir.Node, tensor: ir.TensorProtocol, s
 # torch.export's graph signature on the graph and each lifted input's kind on its initializer;
 # onnxscript's optimizer (``optimize=True``, the default) names the sources of a folded one.
 _TORCH = "pytorch"
-_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path: ['', 'emb', 'embedding']
-_FX_NODE = "pkg.torch.onnx.fx_node"  # the torch.export node it came from, its inputs as %placeholders
+FX_NODE = "pkg.torch.onnx.fx_node"  # the torch.export node it came from, its inputs as %placeholders
 _PLACEHOLDER = "pkg.torch.onnx.original_node_name"  # an initializer's placeholder there (p_emb_weight)
 _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
 _DETACH_TARGET = "target=torch.ops.aten.detach.default]"  # in a node's fx_node: torch's detach
@@ -106,7 +106,7 @@ _DETACH_TARGET = "target=torch.ops.aten.detach.default]"  # in a node's fx_node:
 
 def torchscript(model: ir.Model) -> bool:
     """Whether ``model`` is a TorchScript export (torch.onnx's, without dynamo's graph signature)."""
-    return model.producer_name == _TORCH and _SIGNATURE not in model.graph.metadata_props
+    return model.producer_name == _TORCH and SIGNATURE not in model.graph.metadata_props
 
 
 def retie_folded_copies(model: ir.Model) -> list[str]:
@@ -122,7 +122,7 @@ def retie_folded_copies(model: ir.Model) -> list[str]:
         sources = [v for n, v in graph.initializers.items()
                    if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
         copies = {n: sources for n in graph.initializers if n.startswith(_TORCHSCRIPT_FOLDED)}
-    elif _SIGNATURE in graph.metadata_props:
+    elif SIGNATURE in graph.metadata_props:
         copies = {n: [graph.initializers[s] for s in found] for n, v in graph.initializers.items()
                   if len(found := _sources(v)) == 1 and found <= set(graph.initializers) - {n}}
     else:
@@ -178,7 +178,7 @@ def mark_detached(model: ir.Model) -> list[str]:
     marked = []
     for node in model.graph:
         if node.op_type == "Identity" and node.domain in ("", "ai.onnx") \
-                and _DETACH_TARGET in node.metadata_props.get(_FX_NODE, ""):
+                and _DETACH_TARGET in node.metadata_props.get(FX_NODE, ""):
             node.metadata_props[STOP_GRADIENT_KEY] = "true"
             marked.append(node.outputs[0].name)
     return marked
@@ -216,7 +216,7 @@ def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
     buffers = set(model.metadata_props.get(BUFFERS_KEY, "").split(","))
     if buffers & set(names):
         return {n: "a buffer of a gc.nn module, not a parameter" for n in names if n in buffers}
-    dynamo = _SIGNATURE in graph.metadata_props or any(
+    dynamo = SIGNATURE in graph.metadata_props or any(
         _KIND in graph.initializers[n].metadata_props for n in names)
     if dynamo:
         params = signature_targets(graph, "PARAMETER")
@@ -300,7 +300,7 @@ def folded_parameters(model: ir.Model, params: Sequence[str], notes: Mapping[str
     """
     graph = model.graph
     found = []
-    if _SIGNATURE in graph.metadata_props:
+    if SIGNATURE in graph.metadata_props:
         signature = signature_targets(graph, "PARAMETER")
         for name, fold in dynamo_folds(model, params).items():
             if fold.warned:
@@ -351,7 +351,7 @@ def dynamo_folds(model: ir.Model, names: Iterable[str]) -> dict[str, Fold]:
     """The ``Fold`` of each initializer among ``names`` that a dynamo export's optimizer folded from
     parameters (its ``folded_from`` naming any in the signature); empty for other models."""
     graph = model.graph
-    if _SIGNATURE not in graph.metadata_props:
+    if SIGNATURE not in graph.metadata_props:
         return {}
     signature, inputs = signature_targets(graph, "PARAMETER"), signature_targets(graph, "[A-Z_]+")
     folds = {}
@@ -367,7 +367,7 @@ def dynamo_folds(model: ir.Model, names: Iterable[str]) -> dict[str, Fold]:
 def signature_targets(graph: ir.Graph, kind: str) -> set[str]:
     """The names a dynamo export's signature gives its inputs of ``kind`` (``PARAMETER``,
     ``BUFFER``): ``fc.weight``, ``bn.running_mean``; empty for other models."""
-    return set(re.findall(rf"{kind} target='([^']+)'", graph.metadata_props.get(_SIGNATURE, "")))
+    return set(re.findall(rf"{kind} target='([^']+)'", graph.metadata_props.get(SIGNATURE, "")))
 
 
 def module_path(node: ir.Node) -> str:
@@ -394,7 +394,7 @@ def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
     tied = set()
     for node in graph:
         module = module_path(node)
-        read = set(re.findall(r"%(\w+)", node.metadata_props.get(_FX_NODE, "")))
+        read = set(re.findall(r"%(\w+)", node.metadata_props.get(FX_NODE, "")))
         for value in node.inputs:
             if value is None or not value.is_initializer() or value.name not in signature \
                     or value.metadata_props.get(_PLACEHOLDER) not in read:
@@ -412,7 +412,7 @@ def _aliases(graph: ir.Graph, gone: set[str]) -> set[str]:
     no node ran under and with no buffer (a BatchNorm fused away leaves its statistics gone too),
     named before a kept initializer of the same attribute that another module's node reads (a
     tie: ``lm_head.weight`` read by the embedding)."""
-    order = re.findall(r"(?:PARAMETER|BUFFER) target='([^']+)'", graph.metadata_props.get(_SIGNATURE, ""))
+    order = re.findall(r"(?:PARAMETER|BUFFER) target='([^']+)'", graph.metadata_props.get(SIGNATURE, ""))
     buffers = signature_targets(graph, "BUFFER")
     ran = {module_path(node) for node in graph}
     shared = {value.name for node in graph if (path := module_path(node)) for value in node.inputs

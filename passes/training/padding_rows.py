@@ -14,15 +14,15 @@ import re
 import numpy as np
 import onnx_ir as ir
 
+from graphc.passes.training.imports import FX_NODE
 from graphc.passes.values import STOP_GRADIENT_KEY, replace_value
 
-_FX_NODE = "pkg.torch.onnx.fx_node"
 _EMBEDDING = re.compile(r"aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)")
 
 
 def padding_index(node: ir.Node) -> int | None:
     """The padding_idx torch's ``embedding`` call behind the Gather ``node`` had, else None."""
-    found = _EMBEDDING.search(node.metadata_props.get(_FX_NODE, ""))
+    found = _EMBEDDING.search(node.metadata_props.get(FX_NODE, ""))
     return int(found.group(1)) if found and int(found.group(1)) >= 0 else None
 
 

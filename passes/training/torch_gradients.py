@@ -16,7 +16,6 @@ from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
 from graphc.passes.values import FAKE_QUANTIZE_KEY, STOP_GRADIENT_KEY, onnx_opset, replace_value
 
-_FX_NODE = "pkg.torch.onnx.fx_node"
 # aten.embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) with scale_grad_by_freq True
 _BY_FREQ = re.compile(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \(%\w+, %\w+, -?\d+, True")
 
@@ -35,7 +34,7 @@ def scale_grad_by_freq(model: ir.Model) -> list[str]:
     a ScatterElements(add) histogram over the table's rows), so each row's gradient is divided by
     its count as torch's; in place, returns the tables' names."""
     graph = model.graph
-    lookups = [n for n in graph if n.op_type == "Gather" and _BY_FREQ.search(n.metadata_props.get(_FX_NODE, ""))]
+    lookups = [n for n in graph if n.op_type == "Gather" and _BY_FREQ.search(n.metadata_props.get(imports.FX_NODE, ""))]
     emit = Emitter(graph, onnx_opset(model, 0), "grad_by_freq")
     for node in lookups:
         table, indices, rows = node.inputs[0], node.inputs[1], node.outputs[0]
