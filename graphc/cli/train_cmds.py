@@ -21,6 +21,7 @@ from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.errors import did_you_mean
+from graphc.runtime.history import record_row
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.metrics import names as metric_names
 
@@ -391,7 +392,7 @@ def _summary(trainer, history, **paths: Optional[Path]) -> dict:
     """`graphc train --json`'s document: the run's backend and steps, this run's epoch records
     (none where nothing was left to train), its samples/s and the paths it wrote (null: not asked for)."""
     return {"backend": trainer.backend, "steps": trainer.step_count, "epochs_done": trainer.epoch,
-            "epochs": [] if history is None else [e.model_dump(mode="json") for e in history.epochs],
+            "epochs": [] if history is None else [record_row(e) for e in history.epochs],
             "samples_per_s": None if history is None else history.throughput,
             **{name: None if path is None else str(path) for name, path in paths.items()}}
 

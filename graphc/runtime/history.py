@@ -101,6 +101,11 @@ LOG_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 _SCALING_FIELDS = ("loss_scale", "skipped_steps")  # EpochRecord's fields a run without loss scaling leaves None
 
 
+def record_row(record: EpochRecord) -> dict:
+    """``record`` as ``--log`` writes it (JSON values; loss scaling's fields only where it is on)."""
+    return record.model_dump(mode="json", exclude={k for k in _SCALING_FIELDS if getattr(record, k) is None})
+
+
 class EpochLog:
     """The per-epoch log ``fit(log=path)`` writes: one line per epoch, JSON lines (``.jsonl``,
     an ``EpochRecord`` each) or CSV (``.csv``: ``metrics`` and ``eval`` flattened to ``train_<name>``
@@ -121,8 +126,8 @@ class EpochLog:
         self._rewrite()
 
     def write(self, record: EpochRecord) -> None:
-        """Append ``record``'s line (loss scaling's fields only where it is on)."""
-        row = record.model_dump(mode="json", exclude={k for k in _SCALING_FIELDS if getattr(record, k) is None})
+        """Append ``record``'s line."""
+        row = record_row(record)
         if self.format == "csv":
             row = {**{k: v for k, v in row.items() if k not in ("metrics", "eval")},
                    **{f"train_{k}": v for k, v in row["metrics"].items()},
