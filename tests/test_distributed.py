@@ -136,6 +136,105 @@ def test_two_workers_clip_the_averaged_gradients_as_one_process(ray_cluster):
     dp.shutdown()
 
 
+def _clipped_linear64(momentum: float = 0.5):
+    model = gc.capture(nn.Linear(4, 3, dtype="float64"), x=gc.spec("float64", ("N", 4)))
+    spec = gc.optim.SGD(0.125, momentum=momentum, max_grad_norm=1.0)
+    return gc.training.generate(model, gc.losses.mse("output", label="y"), spec)
+
+
+def _torch_clipped_fit(params: dict, batches: list[dict]) -> tuple[list[float], dict[str, np.ndarray]]:
+    """torch 2.13's loop: SGD(0.125, momentum=0.5) after clip_grad_norm_(1.0) each step; its
+    returns (each step's norm before clipping) and the params after."""
+    torch = pytest.importorskip("torch")
+    twin = torch.nn.Linear(4, 3, dtype=torch.float64)
+    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in params.items()})
+    opt, norms = torch.optim.SGD(twin.parameters(), lr=0.125, momentum=0.5), []
+    for batch in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(twin(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)))
+        opt.step()
+    return norms, {k: v.detach().numpy() for k, v in twin.state_dict().items()}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_fit_with_clipping_records_each_steps_norm_as_one_process_and_torch(ray_cluster, tmp_path, backend):
+    """fit with max_grad_norm (a TypeError before: the workers apply each update at the next
+    step, so the driver held no norm): 2 epochs of 4 steps (6, 6, 6, 2 rows), the update of each
+    applied at once; step_grad_norms, the last step's too, and the params equal one process's
+    and torch's clip_grad_norm_ returns (1e-12), TensorBoard's train/grad_norm holds them."""
+    pytest.importorskip("tensorboard", reason="tensorboard is a dev extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    arts, data = _clipped_linear64(), _regression(20, 4)
+    loader = gc.data.DataLoader(data, batch_size=6, shuffle=False)
+    single = gc.Trainer(arts, backend=backend)
+    norms, params = _torch_clipped_fit(single.params, [{k: a[i:i + 6] for k, a in data.items()}
+                                                       for _ in range(2) for i in range(0, 20, 6)])
+    want = single.fit(loader, epochs=2, progress=False, quiet=True)
+    dp = gc.Trainer(arts, **{**WORKER, "backend": backend}, tensorboard=tmp_path / "tb")
+    try:
+        got = dp.fit(loader, epochs=2, progress=False, quiet=True)
+        assert len(got.step_grad_norms) == dp.step_count == 8 and max(norms) > 1.0 > min(norms)  # clipped or not
+        np.testing.assert_allclose(got.step_grad_norms, norms, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
+        _close(dp.params, params, rtol=1e-12, atol=1e-14)
+        board = EventAccumulator(str(tmp_path / "tb"))
+        board.Reload()
+        logged = board.Scalars("train/grad_norm")
+        assert [e.step for e in logged] == list(range(1, 9))
+        np.testing.assert_allclose([e.value for e in logged], norms, rtol=1e-6)  # stored as float32
+    finally:
+        dp.shutdown()
+
+
+def test_a_loss_scaled_clipped_fit_reads_each_steps_norm_and_metrics_as_one_process(ray_cluster):
+    """Every per-step read of fit at once (norm, train metrics, skipped steps), with loss scaling:
+    the 2 steps whose gradients overflow (inf labels) record an inf norm and are skipped, as one
+    process's; the rest equal it to 1e-12."""
+    model = gc.capture(nn.Linear(3, 2, dtype="float64"), x=gc.spec("float64", ("N", 3)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"),
+                                gc.optim.AdamW(1e-2, weight_decay=0.1, max_grad_norm=0.5),
+                                loss_scale=gc.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=2))
+    data = {"x": RNG.standard_normal((36, 3)), "y": RNG.standard_normal((36, 2))}
+    data["y"][11, 1] = data["y"][18, 0] = np.inf  # in rank 1's shard of step 2, rank 0's of step 4
+    loader = gc.data.DataLoader(data, batch_size=6, shuffle=False)
+    single, dp = gc.Trainer(arts, backend="numpy"), gc.Trainer(arts, **{**WORKER, "backend": "numpy"})
+    try:
+        want, got = (t.fit(loader, epochs=1, progress=False, quiet=True) for t in (single, dp))
+        assert np.isinf(got.step_grad_norms).tolist() == [False, True, False, True, False, False]
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        assert got.epochs[0].skipped_steps == want.epochs[0].skipped_steps == 2
+        assert got.epochs[0].metrics == pytest.approx(want.epochs[0].metrics, rel=1e-12)
+        _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
+    finally:
+        dp.shutdown()
+
+
+def test_a_clipped_fit_restarted_after_a_killed_worker_keeps_every_steps_norm(ray_cluster):
+    """A worker killed at step 7 (epoch 2): the restart from step 4 keeps the norms of steps
+    1-4 and records the rest once, as one process's, under a per-step lr schedule (each step's lr
+    set after its update, which the workers applied at once)."""
+    make, interval = SCHEDULES["warmup-cosine-step"]
+    arts, loader = _clipped_linear64(), gc.data.DataLoader(_regression(32, 1), batch_size=8, seed=0)
+    single = gc.Trainer(arts, backend="numpy")
+    want = single.fit(loader, epochs=3, scheduler=make(single), interval=interval, progress=False, quiet=True)
+    dp = gc.Trainer(arts, **{**WORKER, "backend": "numpy"})
+    try:
+        pid = dp.worker_pids()[1]
+        killed = _before_step(dp, 6, lambda: os.kill(pid, signal.SIGKILL))
+        with pytest.warns(UserWarning, match="restarting the 2 workers from step 4"):
+            got = dp.fit(loader, epochs=3, scheduler=make(dp), interval=interval, progress=False, quiet=True)
+        assert killed == [6] and len(got.step_grad_norms) == 12
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
+    finally:
+        dp.shutdown()
+
+
 def test_two_workers_average_float16_gradients_without_overflow(ray_cluster):
     """Each worker scaled its gradients by its shard's example count before the average: in
     float16 a weight gradient of ~300 times 512 labels is inf, where one process's mean is finite."""

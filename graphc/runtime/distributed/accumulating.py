@@ -43,8 +43,6 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
     """``DistributedTrainer`` stepping the optimizer once per ``accumulate`` micro-batches (module
     docstring). ``combines`` counts the workers' combines (one per optimizer step)."""
 
-    _update_norm = True  # the combine returns the accumulated gradient's norm: step_grad_norms
-
     def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any):
         self._k = checked_accumulate(accumulate)
         self.combines = 0

@@ -11,7 +11,9 @@ reads its own shard from its copy of the loader (put in Ray's object store once 
 message is the batch's position and the shard's rows), so the global order is the loader's, as
 in one process; ``step(batch)`` and evaluation send each worker its shard. One actor call per
 worker and step: it applies the previous step's update, then computes its gradients, which
-stay in the object store; each worker reads every worker's gradients and averages them itself,
+stay in the object store (``fit`` with ``max_grad_norm`` sends a second with it, which applies the
+step's own update at once and returns its gradient norm before clipping for
+``History.step_grad_norms``); each worker reads every worker's gradients and averages them itself,
 weighted by each shard's share of the loss (its rows; for cross-entropy its labels that are not
 ``ignore_index``; 1 each for a summed loss), and the driver gets only the losses and, in ``fit``,
 the train metrics: each worker computes them on its shard's training-mode prediction (a
@@ -56,15 +58,17 @@ from graphc.runtime.distributed.placement import actor_options, restartable, wor
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.shards import bounds_of, joined
+from graphc.runtime.distributed.trainable import check_data_parallel
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
-from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs
 
 __all__ = ["DistributedTrainer"]
+
+STEP_SERIES = ("step_losses", "step_grad_norms")  # History's lists of one value per step
 
 
 class DistributedTrainer(Trainer, DrivesWorkers):
@@ -79,7 +83,6 @@ class DistributedTrainer(Trainer, DrivesWorkers):
     """
 
     _prediction_graph = "gradients"  # the workers' graph: its prediction output gives the train metrics
-    _update_norm = False  # whether the workers' update outputs the gradient norm (``apply`` returns it)
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
@@ -98,7 +101,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_data_parallel()
         a = self.artifacts
-        graphs = {"gradients": worker_gradients_model(a), "update": update_model(m, self._update_norm), "eval": a.eval}
+        graphs = {"gradients": worker_gradients_model(a), "update": update_model(m, grad_norm=True), "eval": a.eval}
         graphs.update(worker_graphs(graphs, self.manifest))
         self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
@@ -121,27 +124,8 @@ class DistributedTrainer(Trainer, DrivesWorkers):
             self.load_checkpoint(resume_from)
 
     def _check_data_parallel(self) -> None:
-        """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
-        that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
-        combined) and a gradients graph from before it output the BatchNorm statistics' updates
-        (they would stay frozen)."""
-        loss = self.manifest.loss
-        if loss.get("kind") == "output" and self.workers > 1:
-            raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
-                                 "batch's rows (a mean? a sum?) is unknown, so the workers' shards cannot be combined "
-                                 "into the whole batch's loss and gradients; generate the artifacts with a gc.losses "
-                                 "spec (gc.losses.mse, cross_entropy, ...) to train data-parallel, or train with one "
-                                 "worker")
-        grads = self.manifest.graphs["gradients"]
-        outputs = {e.name for e in grads.outputs}
-        # not the statistics of batchnorm="frozen", nor the loss scale (the update graph's)
-        updated = set(self.manifest.feeds.values()) - set(state_names(self.manifest.loss_scale))
-        stats = [e.name for e in grads.inputs if e.role == "state" and e.name in updated
-                 and f"{e.name}.next" not in outputs]
-        if stats:
-            raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics "
-                                 f"{stats} (artifacts from an older graphc): generate them again "
-                                 "(`graphc grad` / gc.training.generate) to train them data-parallel")
+        """Refuse artifacts the workers cannot train as one process would (``trainable``)."""
+        check_data_parallel(self.manifest, self.workers)
 
     def _split_rows(self) -> None:
         """Which inputs are cut into shards and which outputs joined by rows (``rows``); the
@@ -202,12 +186,17 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         """Apply the last step's update, which the workers otherwise apply at the next step, then
         set what waited for it (``_later``)."""
         if self._pending:
-            self._get([r.apply.remote(self.step_count, *self._pending) for r in self._replicas],
-                      f"the optimizer update of step {self.step_count}")
-            self._pending = []
+            self._applied([r.apply.remote(self.step_count, *self._pending) for r in self._replicas])
         if self._later:
             self._get([r.set.remote(self._later) for r in self._replicas], "setting lr")
             self._later = {}
+
+    def _applied(self, refs: list) -> Optional[float]:
+        """Wait for the workers' ``apply`` ``refs`` of the update to step ``step_count``; returns its
+        gradient norm before clipping (every worker's is rank 0's), None without ``max_grad_norm``."""
+        norms = self._get(refs, f"the optimizer update of step {self.step_count}")
+        self._pending = []
+        return norms[0]
 
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected); the trainer
@@ -289,6 +278,8 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         once the step is done, as in ``Trainer.step``."""
         messages, bounds = self._messages(batch, self.batch_specs, noise=True)
         metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
+        # fit records each step's gradient norm (max_grad_norm): the workers apply the update at once
+        norm = self._grad_norm is not None and self._grad_norm in self._fetch
         for message in messages:
             message["metrics"] = metrics
         with self._interrupts:
@@ -296,14 +287,18 @@ class DistributedTrainer(Trainer, DrivesWorkers):
             for message in messages:
                 message["renorm_rows"] = len(rows)
             calls = self._step_calls(messages, rows)
+            grads = [g for _, g in calls]
+            update = [r.apply.remote(self.step_count + 1, *grads) for r in self._replicas] if norm else []
             try:
                 infos = self._get([info for info, _ in calls], f"training step {self.step_count + 1}", bounds)
             except GraphcError:
-                settle(self._ray, [grads for _, grads in calls])
+                settle(self._ray, grads + update)
                 raise
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
-            self._pending, self._later = [grads for _, grads in calls], {}
+            self._pending, self._later = grads, {}
             self.step_count += 1
+            if norm:  # a failed update stays pending: the next call sends it again, applied once
+                self._step_outputs = {self._grad_norm: np.asarray(self._applied(update))}
             if metrics:
                 self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
@@ -445,13 +440,15 @@ class DistributedTrainer(Trainer, DrivesWorkers):
                 step, epoch = self._last["step"], self._last["epoch"]
                 partial = self._history
                 earlier.epochs += [e for e in partial.epochs if e.epoch <= epoch]
-                earlier.step_losses = (earlier.step_losses + partial.step_losses)[: step - start_step]
+                for name in STEP_SERIES:  # the steps up to the checkpoint restarted from
+                    setattr(earlier, name, (getattr(earlier, name) + getattr(partial, name))[: step - start_step])
                 warnings.warn(f"{str(exc).rstrip('.')}; restarting the {self.workers} workers from step {step} "
                               f"(restart {attempt + 1} of {self.max_restarts})", stacklevel=2)
                 self._restart(exc)
                 continue
             history.epochs = earlier.epochs + history.epochs
-            history.step_losses = earlier.step_losses + history.step_losses
+            for name in STEP_SERIES:
+                setattr(history, name, getattr(earlier, name) + getattr(history, name))
             return history
         self.shutdown()  # the workers left would hold their CPUs until the trainer is collected
         raise TrainingFailed(f"{str(lost).rstrip('.')}; gave up after {self.max_restarts} restart(s) of the workers")
