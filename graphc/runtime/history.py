@@ -39,7 +39,7 @@ class History(BaseModel):
     backend: str = ""
     step_losses: list[float] = Field(default_factory=list)
     # with an optimizer spec's max_grad_norm, each step's total gradient norm before clipping
-    # (what torch.nn.utils.clip_grad_norm_ returns); empty without it, and for DistributedTrainer runs
+    # (what torch.nn.utils.clip_grad_norm_ returns); empty without it
     step_grad_norms: list[float] = Field(default_factory=list)
     epochs: list[EpochRecord] = Field(default_factory=list)
 
