@@ -49,3 +49,10 @@ def workspace(root: Path) -> Path:
     train = blobs(64)
     np.savez(root / "data.npz", x=train["x"], y=train["y"])
     return root
+
+
+NET_PY = ("from graphc import nn\n\n\nclass Net(nn.Module):\n"
+          "    def __init__(self):\n        super().__init__()\n"
+          "        self.fc = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+          "        return self.fc(x)\n")
+"""A capturable ``FILE.py:Net``: one Linear of 4 inputs and 2 outputs."""

@@ -14,7 +14,7 @@ import graphc as gc
 from graphc.cli import app
 from graphc.version import __version__
 
-from cli_util import one_line_error, run_cli, workspace
+from cli_util import NET_PY, one_line_error, run_cli, workspace
 
 RNG = np.random.default_rng(0)
 
@@ -22,10 +22,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     root = workspace(tmp_path_factory.mktemp("cli_conventions"))
-    (root / "net.py").write_text("from graphc import nn\n\n\nclass Net(nn.Module):\n"
-                                 "    def __init__(self):\n        super().__init__()\n"
-                                 "        self.fc = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
-                                 "        return self.fc(x)\n")
+    (root / "net.py").write_text(NET_PY)
     np.save(root / "x.npy", RNG.standard_normal((3, 8)).astype(np.float32))
     return root
 

@@ -8,7 +8,7 @@ import pytest
 import graphc as gc
 from graphc.errors import did_you_mean, first_few
 
-from cli_util import one_line_error, run_cli, workspace
+from cli_util import NET_PY, one_line_error, run_cli, workspace
 
 RNG = np.random.default_rng(0)
 
@@ -16,10 +16,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     root = workspace(tmp_path_factory.mktemp("cli_user_errors"))
-    (root / "net.py").write_text("from graphc import nn\n\n\nclass Net(nn.Module):\n"
-                                 "    def __init__(self):\n        super().__init__()\n"
-                                 "        self.fc = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
-                                 "        return self.fc(x)\n\n\nnet = Net()\n")
+    (root / "net.py").write_text(NET_PY + "\n\nnet = Net()\n")
     return root
 
 
