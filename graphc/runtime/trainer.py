@@ -797,10 +797,11 @@ class Trainer:
         last = time.perf_counter()
         first = self._batch_names[0] if self._batch_names else None
         for batches in self._step_groups(loader):
-            rows = sum(len(b[first]) if first in b else 0 for b in batches)  # one missing: the step says which
-            examples = sum(averaging.examples(self.manifest.loss, b, len(b[first]) if first in b else 0)
-                           for b in batches)  # once: the skip test, the train metrics
-            if all(self._counts_nothing(b, len(b[first]) if first in b else 0) for b in batches):
+            sizes = [len(b[first]) if first in b else 0 for b in batches]  # one missing: the step says which
+            rows = sum(sizes)
+            examples = sum(averaging.examples(self.manifest.loss, b, n)
+                           for b, n in zip(batches, sizes))  # once: the skip test, the train metrics
+            if all(self._counts_nothing(b, n) for b, n in zip(batches, sizes)):
                 self._skip(len(loader), examples, len(batches))
                 bar.step(sums.mean_loss(0.0), sums.samples / max(sums.seconds, 1e-9), len(batches))
                 last = time.perf_counter()
