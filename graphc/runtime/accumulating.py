@@ -115,8 +115,7 @@ class AccumulatingTrainer(Trainer):
             raise ValueError(f"cuda_graph replays the train_step graph, which accumulate={k} does not run (it runs "
                              "the gradients and update graphs); leave out one of them")
         check_options(options, TRAINER_OPTIONS, "Trainer")
-        resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
-        self.accumulate = k
+        resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard, k)
         self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
         check_accumulable(m, self.artifacts.gradients.proto, k)
         self._backend = get_backend(backend)

@@ -277,9 +277,10 @@ class Trainer:
             self.load_checkpoint(resume_from)
 
     def _open(self, artifacts_or_dir: Any, seed: int, metrics: Any = None,
-              tensorboard: Union[str, os.PathLike, None] = None) -> Optional[Path]:
-        """Read the artifacts and their interface, start the loop counters; returns the
-        checkpoint to resume from when ``artifacts_or_dir`` is one."""
+              tensorboard: Union[str, os.PathLike, None] = None, accumulate: int = 1) -> Optional[Path]:
+        """Read the artifacts and their interface, start the loop counters (``accumulate``: the
+        micro-batches per optimizer step, set before a checkpoint is loaded, which checks its k
+        against it); returns the checkpoint to resume from when ``artifacts_or_dir`` is one."""
         from graphc.compile import training
         from graphc.compile.training import CARRIED_ROLES
 
@@ -326,7 +327,7 @@ class Trainer:
         self._state: dict[str, Any] = {}
         self._checked: set[tuple] = set()
         self.step_count = 0  # optimizer steps
-        self.accumulate = 1  # micro-batches per optimizer step (``AccumulatingTrainer``)
+        self.accumulate = accumulate  # micro-batches per optimizer step (``AccumulatingTrainer``)
         self.epoch = 0
         self.batch_in_epoch = 0
         check_whole("seed", seed, 0)

@@ -49,9 +49,9 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         super().__init__(*args, accumulate=self._k, **kwargs)
 
     def _open(self, *args: Any) -> Any:
-        resume_from = super()._open(*args)
-        self.accumulate = self._k  # before a checkpoint is loaded: its k is checked against this one
-        return resume_from
+        # DistributedTrainer.__init__ opens with k=1: a DistributedTrainer made directly trains with
+        # k=1 whatever its accumulate says (only gc.Trainer picks this class for k > 1)
+        return super()._open(*args, self._k)
 
     def _check_data_parallel(self) -> None:
         super()._check_data_parallel()
