@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphcError
-from graphc.runtime.accumulating import check_accumulable, checked_accumulate, micro_batches
+from graphc.runtime.accumulating import AccumulatingTrainer, check_accumulable, checked_accumulate
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.cluster import settle
 from graphc.runtime.distributed.trainer import DistributedTrainer
@@ -57,11 +57,7 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         super()._check_data_parallel()
         check_accumulable(self.manifest, self.artifacts.gradients.proto, self.accumulate)
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One optimizer step on ``batch`` split by rows into ``accumulate`` micro-batches (fewer
-        where it has fewer rows); returns the loss of the whole batch."""
-        return self._step_on(micro_batches(batch, [*self.batch_specs, *self.noise_specs], self.batch_specs,
-                                           self.accumulate))
+    step = AccumulatingTrainer.step  # the batch split into micro-batches, then this class's _step_on
 
     def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
         """One optimizer step on the global micro-batches ``batches``; returns the step's loss (the
