@@ -26,6 +26,7 @@ class LocalSums:
 
     def _reset(self) -> None:
         self._sums: dict[str, np.ndarray] = {}
+        self._terms: dict[str, np.ndarray] = {}  # a scratch buffer per gradient for grad * weight
         self._dtypes: dict[str, np.dtype] = {}
         self._weight, self._seen = 0.0, False
         self._stats: dict[str, Any] = {}
@@ -48,7 +49,9 @@ class LocalSums:
                     if name not in self._sums:
                         self._dtypes[name] = grad.dtype
                         self._sums[name] = np.zeros(grad.shape, np.result_type(grad.dtype, np.float32))
-                    self._sums[name] += np.multiply(grad, part["weight"], dtype=self._sums[name].dtype)
+                        self._terms[name] = np.empty_like(self._sums[name])
+                    self._sums[name] += np.multiply(grad, part["weight"], out=self._terms[name],
+                                                    dtype=self._sums[name].dtype)
         if index + 1 < count or not self._seen:
             return None
         with np.errstate(over="ignore", invalid="ignore"):
