@@ -20,7 +20,10 @@ def tensor_types(model: onnx.ModelProto, subgraphs: bool = False) -> Types | Non
     """Value name -> (element type, dims, None where symbolic) for every shaped tensor of the main
     graph (with ``subgraphs``, of every graph in it), from onnx's shape inference; None where it
     fails (over 2 GiB, or inconsistent)."""
-    return SharedTypes()(model, subgraphs)
+    graphs = _inferred_graphs(model)
+    if graphs is None:
+        return None
+    return _main_and_every(graphs)[1] if subgraphs else _declared(graphs[0])  # only what is asked
 
 
 class SharedTypes:
@@ -36,16 +39,21 @@ class SharedTypes:
 
     def __call__(self, model: onnx.ModelProto, subgraphs: bool = False) -> Types | None:
         if model is not self._model:
-            self._model, self._types = model, _inferred(model)
+            graphs = _inferred_graphs(model)
+            self._model, self._types = model, None if graphs is None else _main_and_every(graphs)
         return None if self._types is None else self._types[bool(subgraphs)]
 
 
-def _inferred(model: onnx.ModelProto) -> tuple[Types, Types] | None:
-    """``tensor_types`` of ``model`` without and with ``subgraphs``, from one shape inference."""
+def _inferred_graphs(model: onnx.ModelProto) -> list[onnx.GraphProto] | None:
+    """``model``'s graphs after onnx's shape inference, the main graph first; None where it fails."""
     try:
-        graphs = list(all_graphs(onnx.shape_inference.infer_shapes(model).graph))
+        return list(all_graphs(onnx.shape_inference.infer_shapes(model).graph))
     except (onnx.shape_inference.InferenceError, ValueError):
         return None
+
+
+def _main_and_every(graphs: list[onnx.GraphProto]) -> tuple[Types, Types]:
+    """``tensor_types`` without and with ``subgraphs``, from the inferred ``graphs``."""
     main = _declared(graphs[0])
     every = dict(main) if len(graphs) > 1 else main
     for graph in graphs[1:]:  # a name declared again: the inner graph's, as read last
