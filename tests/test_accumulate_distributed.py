@@ -101,3 +101,14 @@ def test_sync_batchnorm_stays_refused():
     arts = _artifacts(Net(), _optimizers("sgd", False)[0])
     with pytest.raises(ArtifactsError, match="accumulate=2: SyncBatchNorm"):
         gc.Trainer(arts, accumulate=2, **WORKERS)
+
+
+def test_a_data_parallel_trainer_made_directly_with_accumulate_is_the_accumulating_one():
+    """gc.distributed.DistributedTrainer(accumulate=2) trained with k=1 whatever accumulate said (its __init__
+    opens with k=1); it is now made as the accumulating trainer, as gc.Trainer(workers=2, accumulate=2) is."""
+    from graphc.runtime.distributed.accumulating import DistributedAccumulatingTrainer
+
+    made = gc.distributed.DistributedTrainer.__new__(gc.distributed.DistributedTrainer, None, workers=2, accumulate=2)
+    assert type(made) is DistributedAccumulatingTrainer
+    plain = gc.distributed.DistributedTrainer.__new__(gc.distributed.DistributedTrainer, None, workers=2)
+    assert type(plain) is gc.distributed.DistributedTrainer

@@ -214,7 +214,7 @@ class Trainer:
         from graphc.runtime.accumulating import AccumulatingTrainer, checked_accumulate
 
         accumulate = checked_accumulate(accumulate)
-        if cls is Trainer and (workers != 1 or ray_address):
+        if cls is Trainer and (workers != 1 or ray_address) or cls.__dict__.get("_routes_accumulate"):
             from graphc.runtime.distributed.accumulating import DistributedAccumulatingTrainer
             from graphc.runtime.distributed.trainer import DistributedTrainer
 

@@ -49,8 +49,7 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         super().__init__(*args, accumulate=self._k, **kwargs)
 
     def _open(self, *args: Any) -> Any:
-        # DistributedTrainer.__init__ opens with k=1: a DistributedTrainer made directly trains with
-        # k=1 whatever its accumulate says (only gc.Trainer picks this class for k > 1)
+        # DistributedTrainer.__init__ opens with k=1 (Trainer.__new__ makes this class wherever k > 1)
         return super()._open(*args, self._k)
 
     def _check_data_parallel(self) -> None:

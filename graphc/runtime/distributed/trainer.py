@@ -81,6 +81,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
     ``timeout_s`` (the longest a step or set-up may take). ``options`` go to each worker's
     backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
     """
+    _routes_accumulate = True  # made directly with accumulate > 1: Trainer.__new__ makes the accumulating one
 
     _prediction_graph = "gradients"  # the workers' graph: its prediction output gives the train metrics
 
