@@ -112,3 +112,78 @@ def test_a_data_parallel_trainer_made_directly_with_accumulate_is_the_accumulati
     assert type(made) is DistributedAccumulatingTrainer
     plain = gc.distributed.DistributedTrainer.__new__(gc.distributed.DistributedTrainer, None, workers=2)
     assert type(plain) is gc.distributed.DistributedTrainer
+
+
+def _dp_and_single(arts, backend: str, k: int, **kwargs):
+    return (gc.Trainer(arts, accumulate=k, **{**WORKERS, "backend": backend}, **kwargs),
+            gc.Trainer(arts, backend=backend, accumulate=k, **kwargs))
+
+
+def _workers_agree(dp) -> None:
+    first, second = dp.worker_states()
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_batchnorm_running_stats_are_rank_0s_shards_in_turn(ray_cluster, tmp_path, backend):
+    """k=2, BatchNorm1d: a step of 8 rows (micro-batches 0:4, 4:8, each 2+2 rows) leaves the running
+    statistics one process's accumulate=2 step makes on rank 0's rows (0:2 then 4:6) from the same
+    state; a step of 6 rows (micro-batches of 3: rank 0 takes all, no shard of 1 row, rank 1 none)
+    equals one process's whole step, params too, to 1e-12; every worker holds the same bits."""
+    net = _Net(batchnorm=True)
+    arts = _artifacts(net, _optimizers("adamw", True)[0])
+    dp, single = _dp_and_single(arts, backend, 2)
+    stats = ("bn.running_mean", "bn.running_var")
+    try:
+        for step in range(2):
+            batch = _data(8)
+            dp.save_checkpoint(tmp_path / f"before{step}")
+            rank0 = gc.Trainer(tmp_path / f"before{step}", backend=backend, accumulate=2)
+            rank0.step({n: np.concatenate([a[0:2], a[4:6]]) for n, a in batch.items()})
+            dp.step(batch)
+            got, want = dp.state_dict(), rank0.state_dict()
+            whole = gc.Trainer(tmp_path / f"before{step}", backend=backend, accumulate=2)
+            whole.step(batch)  # the whole batch's statistics differ: the check can fail
+            assert not np.allclose(whole.state_dict()["bn.running_mean"], got["bn.running_mean"])
+            for name in stats:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-15, err_msg=name)
+            _workers_agree(dp)
+        dp.save_checkpoint(tmp_path / "after")
+        single.load_checkpoint(tmp_path / "after")
+        batch = _data(6)
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-12)
+        _assert_state(dp, single.state_dict())
+        _workers_agree(dp)
+    finally:
+        dp.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_loss_scaling_skips_the_whole_step_on_every_worker_as_one_process(ray_cluster, backend):
+    """k=2, loss scaling, AdamW with clipping, 8 loader batches of 6 rows: an inf label in rank 1's
+    shard of batch 3 (step 2's second micro-batch) and in rank 0's of batch 6 (step 3's first) makes
+    steps 2 and 3 overflow: skipped on every worker, the scale backed off and grown again as one
+    process's accumulate=2; norms (inf where skipped), losses, scale, skip count and params to 1e-12."""
+    model = gc.capture(gc.nn.Linear(3, 2, dtype="float64"), x=gc.spec("float64", ("N", 3)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"),
+                                gc.optim.AdamW(1e-2, weight_decay=0.1, max_grad_norm=0.5),
+                                loss_scale=gc.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=1))
+    data = {"x": RNG.standard_normal((48, 3)), "y": RNG.standard_normal((48, 2))}
+    data["y"][17, 1] = data["y"][30, 0] = np.inf
+    loader = gc.data.DataLoader(data, batch_size=6, shuffle=False)
+    dp, single = _dp_and_single(arts, backend, 2)
+    try:
+        want, got = (t.fit(loader, epochs=1, progress=False, quiet=True) for t in (single, dp))
+        assert np.isinf(got.step_grad_norms).tolist() == [False, True, True, False]
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        finite = np.isfinite(want.step_losses)
+        np.testing.assert_allclose(np.asarray(got.step_losses)[finite], np.asarray(want.step_losses)[finite],
+                                   rtol=1e-12)
+        assert got.epochs[0].skipped_steps == want.epochs[0].skipped_steps == 2
+        assert (dp.loss_scale, dp.skipped_steps, dp.step_count) == (single.loss_scale, single.skipped_steps, 4)
+        assert got.epochs[0].loss_scale == want.epochs[0].loss_scale
+        _assert_state(dp, single.state_dict())
+        _workers_agree(dp)
+    finally:
+        dp.shutdown()
