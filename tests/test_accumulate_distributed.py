@@ -7,6 +7,7 @@ gradients per optimizer step, a mid-epoch resume, and what stays refused."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import numpy as np
 import pytest
@@ -183,6 +184,87 @@ def test_loss_scaling_skips_the_whole_step_on_every_worker_as_one_process(ray_cl
         assert got.epochs[0].skipped_steps == want.epochs[0].skipped_steps == 2
         assert (dp.loss_scale, dp.skipped_steps, dp.step_count) == (single.loss_scale, single.skipped_steps, 4)
         assert got.epochs[0].loss_scale == want.epochs[0].loss_scale
+        _assert_state(dp, single.state_dict())
+        _workers_agree(dp)
+    finally:
+        dp.shutdown()
+
+
+class _DropNet(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop, self.out = gc.nn.Linear(4, 6, dtype="float64"), gc.nn.Dropout(0.3), gc.nn.Linear(6, 3, dtype="float64")
+
+    def forward(self, x):
+        return self.out(self.drop(gc.relu(self.fc(x))))
+
+
+def _noise(step: int, rank: int, index: int) -> np.ndarray:
+    """The documented draw of a 2-row shard's noise (seed 7)."""
+    return np.random.default_rng([7, step, rank, *([index] if index else [])]).random((2, 6), dtype=np.float32)
+
+
+def test_dropout_noise_is_seeded_per_step_rank_and_micro_batch_and_replays_on_resume(ray_cluster, tmp_path):
+    """k=2, 2 steps of 8 rows (micro-batches of 4, shards of 2): each worker's noise for micro-batch i
+    of step s is drawn from default_rng([seed, s, rank, i]) (i=0: [seed, s, rank], as k=1): the same
+    noise given in the batches gives the same bits; a run resumed from the checkpoint after step 1
+    replays step 2 bit for bit, with the checkpoint's seed."""
+    arts = _artifacts(_DropNet(), _optimizers("adamw", True)[0])
+    noise = arts.manifest.graphs["train_step"].inputs[-1].name
+    batches = [_data(8), _data(8)]
+    dp = gc.Trainer(arts, seed=7, accumulate=2, **WORKERS)
+    try:
+        dp.save_checkpoint(tmp_path / "start")
+        losses = [dp.step(batches[0])]
+        dp.save_checkpoint(tmp_path / "step1")
+        losses.append(dp.step(batches[1]))
+        drawn = dp.state_dict()
+        dp.load_checkpoint(tmp_path / "start")
+        k1 = np.concatenate([_noise(0, rank, 0) for _ in range(2) for rank in range(2)])
+        assert dp.step({**batches[0], noise: k1}) != losses[0]  # each micro-batch draws anew: the check can fail
+        dp.load_checkpoint(tmp_path / "start")
+        for step, batch in enumerate(batches):
+            given = np.concatenate([_noise(step, rank, i) for i in range(2) for rank in range(2)])
+            assert dp.step({**batch, noise: given}) == losses[step]
+        _assert_state(dp, drawn, rtol=0, atol=0)
+    finally:
+        dp.shutdown()
+    resumed = gc.Trainer(tmp_path / "step1", accumulate=2, **WORKERS)
+    try:
+        assert resumed.step(batches[1]) == losses[1]
+        _assert_state(resumed, drawn, rtol=0, atol=0)
+    finally:
+        resumed.shutdown()
+
+
+def test_micro_batches_of_ignored_labels_and_empty_shards_weigh_as_one_process(ray_cluster):
+    """k=2, cross-entropy with ignore_index 2: a micro-batch whose every label is ignored, one whose
+    rank 0 shard's are, and (fit, 7 batches of 4 and a last of 2 rows: 1+1) such micro-batches inside
+    optimizer steps count for nothing on every worker, as one process's accumulate=2 (losses, norms,
+    params to 1e-12, the same warnings)."""
+    arts = gc.training.generate(gc.capture(_Net(batchnorm=False), x=gc.spec("float64", ("N", 4))),
+                                gc.losses.cross_entropy("output", label="y", ignore_index=2),
+                                _optimizers("adamw", True)[0])
+    dp, single = _dp_and_single(arts, "numpy", 2)
+    try:
+        batch = {"x": RNG.standard_normal((8, 4)), "y": np.array([2, 2, 2, 2, 2, 2, 0, 1])}
+        losses = []
+        for trainer in (dp, single):
+            with pytest.warns(UserWarning, match="micro-batch 1 of 2: no label in 'y' counts in the loss; left out"):
+                losses.append(trainer.step(batch))
+        assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+        _assert_state(dp, single.state_dict())
+        data = _data(ROWS)
+        data["y"][data["y"] == 2] = 0
+        data["y"][4:8] = data["y"][18:20] = 2  # batch 2 (step 1's second micro-batch); rank 0's rows of batch 5
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            want, got = (t.fit(_loader(data), epochs=1, progress=False, quiet=True) for t in (single, dp))
+        said = [str(w.message) for w in caught if "left out" in str(w.message)]
+        assert len(said) == 2 and said[0] == said[1]
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        assert got.epochs[0].samples == want.epochs[0].samples
         _assert_state(dp, single.state_dict())
         _workers_agree(dp)
     finally:

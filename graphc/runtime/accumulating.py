@@ -43,7 +43,7 @@ from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
 
-__all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "micro_batches"]
+__all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "counting", "micro_batches"]
 
 
 def checked_accumulate(value: Any) -> int:
@@ -96,6 +96,24 @@ def micro_batches(batch: Mapping[str, np.ndarray], specs: list, batch_specs: lis
     bounds = np.array_split(np.arange(rows.pop()), k)
     return [{n: (np.asarray(a)[b[0]:b[-1] + 1] if n in split else a) for n, a in batch.items()}
             for b in bounds if len(b)]
+
+
+def counting(trainer: Trainer, batches: list[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], dict, int]]:
+    """The micro-batches of a step that count in the loss, each with its feeds and rows. One
+    whose every label is the ignore index (or whose class weights sum to 0) is left out with a
+    warning, as ``fit`` skips such a batch without accumulation; a step none of whose
+    micro-batches counts is refused as a train step on the first (``Trainer._refuse_step``)."""
+    parts = []
+    for batch in batches:
+        feeds = trainer._batch_feeds(batch, trainer.batch_specs)
+        parts.append((batch, feeds, len(next(iter(feeds.values()))) if feeds else 0))
+    nothing = [trainer._counts_nothing(batch, rows) for batch, _, rows in parts]
+    if all(nothing):
+        trainer._refuse_step(parts[0][1])
+    for index in (i for i, empty in enumerate(nothing) if empty):
+        warnings.warn(f"micro-batch {index + 1} of {len(batches)}: no label in {trainer.manifest.loss['label']!r} "
+                      "counts in the loss; left out of the step (its mean loss is 0/0)", stacklevel=4)
+    return [part for part, empty in zip(parts, nothing) if not empty]
 
 
 class AccumulatingTrainer(Trainer):
@@ -165,16 +183,10 @@ class AccumulatingTrainer(Trainer):
         for nothing (every label ignored) is left out, with a warning."""
         loss_spec = self.manifest.loss
         feeds = []
-        for index, batch in enumerate(batches):
-            f = self._batch_feeds(batch, self.batch_specs)
+        for batch, f, rows in counting(self, batches):
             self._refuse_step(f)
-            rows = len(next(iter(f.values()))) if f else 0
-            weight = averaging.shard_weight(loss_spec, batch, rows)
-            if weight:
-                feeds.append((batch, f, weight, averaging.examples(loss_spec, batch, rows)))
-            else:
-                warnings.warn(f"micro-batch {index + 1} of {len(batches)}: no label in {loss_spec['label']!r} counts "
-                              "in the loss; left out of the step (its mean loss is 0/0)", stacklevel=3)
+            feeds.append((batch, f, averaging.shard_weight(loss_spec, batch, rows),
+                          averaging.examples(loss_spec, batch, rows)))
         total = averaging.divisor(loss_spec, sum(w for _, _, w, _ in feeds), "the step's micro-batches")
         wanted = self._prediction is not None and self._prediction in self._fetch
         with self._interrupts:

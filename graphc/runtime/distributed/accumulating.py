@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphcError
-from graphc.runtime.accumulating import AccumulatingTrainer, check_accumulable, checked_accumulate
+from graphc.runtime.accumulating import AccumulatingTrainer, check_accumulable, checked_accumulate, counting
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.cluster import settle
 from graphc.runtime.distributed.trainer import DistributedTrainer
@@ -62,6 +62,7 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         """One optimizer step on the global micro-batches ``batches``; returns the step's loss (the
         micro-batches' weighted mean, or sum for a summed loss)."""
         metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
+        batches = [batch for batch, _, _ in counting(self, batches)]
         plans = [self._messages(batch, self.batch_specs, noise=True) for batch in batches]
         for index, (messages, _) in enumerate(plans):
             for message in messages:
