@@ -2,11 +2,14 @@
 one process with ``accumulate=k`` and a torch 2.13 accumulation loop, float64, numpy backend, on
 the loopback Ray cluster the data-parallel modules share: AdamW with clipping, k=2 and 3 over 7
 loader batches a epoch (the last of 2 rows, the last group partial), one combine of the workers'
-gradients per optimizer step, a mid-epoch resume, and what stays refused."""
+gradients per optimizer step, a mid-epoch resume, and what stays refused; at k=2 BatchNorm's running
+statistics, loss scaling, Dropout seeding, ignored micro-batches and shards, ort-cpu and a killed worker."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import warnings
 
 import numpy as np
@@ -268,4 +271,37 @@ def test_micro_batches_of_ignored_labels_and_empty_shards_weigh_as_one_process(r
         _assert_state(dp, single.state_dict())
         _workers_agree(dp)
     finally:
+        dp.shutdown()
+
+
+def test_a_killed_worker_restarts_from_the_epochs_start_with_each_steps_loss_and_norm(ray_cluster):
+    """k=2, 3 epochs of 4 optimizer steps: rank 1 killed before step 6 (epoch 2's second, its
+    gradients summed over 2 micro-batches): the workers restart from step 4's state (epoch 2's
+    start) and the run ends as one process's accumulate=2, every step's loss and norm recorded once."""
+    net, data = _Net(batchnorm=False), _data(ROWS)
+    arts = _artifacts(net, _optimizers("adamw", True)[0])
+    single = gc.Trainer(arts, backend="numpy", accumulate=2)
+    want = single.fit(_loader(data, True), epochs=3, progress=False, quiet=True)
+    dp = gc.Trainer(arts, accumulate=2, **WORKERS)
+    step_on, killed = dp._step_on, []
+    pid = dp.worker_pids()[1]
+
+    def kill_before_step_6(batches):
+        if dp.step_count == 5 and not killed:
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+        return step_on(batches)
+
+    dp._step_on = kill_before_step_6
+    try:
+        with pytest.warns(UserWarning, match="restarting the 2 workers from step 4"):
+            got = dp.fit(_loader(data, True), epochs=3, progress=False, quiet=True)
+        assert killed and dp.step_count == 12 and len(got.step_losses) == len(got.step_grad_norms) == 12
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        assert [(e.epoch, e.steps, e.samples) for e in got.epochs] == [(e, 4, ROWS) for e in (1, 2, 3)]
+        np.testing.assert_allclose([e.loss for e in got.epochs], [e.loss for e in want.epochs], rtol=1e-12)
+        _assert_state(dp, single.state_dict())
+    finally:
+        del dp._step_on
         dp.shutdown()
