@@ -196,7 +196,8 @@ def test_loss_scaling_skips_the_whole_step_on_every_worker_as_one_process(ray_cl
 class _DropNet(gc.nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc, self.drop, self.out = gc.nn.Linear(4, 6, dtype="float64"), gc.nn.Dropout(0.3), gc.nn.Linear(6, 3, dtype="float64")
+        self.fc, self.drop = gc.nn.Linear(4, 6, dtype="float64"), gc.nn.Dropout(0.3)
+        self.out = gc.nn.Linear(6, 3, dtype="float64")
 
     def forward(self, x):
         return self.out(self.drop(gc.relu(self.fc(x))))
