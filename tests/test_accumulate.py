@@ -176,3 +176,30 @@ def test_cli_train_accumulate(tmp_path):
     here = gc.Trainer(arts, backend="numpy", accumulate=3)
     here.fit(gc.data.DataLoader(data, batch_size=BATCH, seed=0), epochs=2, progress=False, quiet=True)
     _assert_state(trained, here.state_dict())
+
+
+@pytest.mark.parametrize("schedule", [["onecycle"], ["cosine", "--schedule-interval", "step"]])
+def test_cli_schedule_spans_optimizer_steps(tmp_path, capsys, schedule):
+    """``graphc train --accumulate 3 --schedule onecycle`` (or cosine per step) spans the run's
+    optimizer steps, 2 an epoch of 6 batches, as ``OneCycleLR(total_steps=4)`` in Python: the
+    schedule ends with the run (was 12 total steps, the loader's batches: the lr stopped mid-cycle)."""
+    from cli_util import run_cli
+
+    from graphc.runtime import lr_scheduler as S
+
+    data = _data()
+    arts = _artifacts(_Net(batchnorm=False), _optimizers("adamw", False)[0])
+    arts.save(tmp_path / "arts")
+    np.savez(tmp_path / "data.npz", **data)
+    r = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "data.npz", "--epochs", "2", "--batch-size",
+                BATCH, "--accumulate", "3", "--backend", "numpy", "--no-progress", "--checkpoint", tmp_path / "ck",
+                "--schedule", *schedule)
+    assert r.code == 0, r.err
+    trained = gc.Trainer(tmp_path / "ck", backend="numpy", accumulate=3)
+    here = gc.Trainer(arts, backend="numpy", accumulate=3)
+    sched = S.OneCycleLR(here, max_lr=0.01, total_steps=4, cycle_momentum=False) if schedule[0] == "onecycle" \
+        else S.CosineAnnealingLR(here, T_max=4)
+    here.fit(gc.data.DataLoader(data, batch_size=BATCH, seed=0), epochs=2, progress=False, quiet=True,
+             scheduler=sched, interval="step")
+    assert trained.step_count == here.step_count == 4
+    _assert_state(trained, here.state_dict())

@@ -183,7 +183,8 @@ def train_cmd(
                                    "with --accumulate)."),
     accumulate: int = typer.Option(1, "--accumulate", min=1, metavar="K",
                                    help="Micro-batches of --batch-size per optimizer step (gradient accumulation: "
-                                   "an effective batch of K x --batch-size; an epoch's last step takes what is left). "
+                                   "an effective batch of K x --batch-size; an epoch's last step takes what is left; "
+                                   "a --schedule per step counts these steps). "
                                    "A resume must pass the checkpoint's K (another is refused, naming it; "
                                    "`--resume --fresh-optimizer` takes its params into a new run)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
@@ -329,9 +330,10 @@ def train_cmd(
                          "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=fixed or max(batch_size, 256), shuffle=False,
                                      drop_last=_drops(fixed, test, test_source)) if test else None
-    use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, len(loader), step_size=step_size,
+    steps = -(-len(loader) // trainer.accumulate)  # optimizer steps an epoch: one per --accumulate batches
+    use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, steps, step_size=step_size,
                                           gamma=gamma, min_lr=min_lr, warmup=warmup, patience=patience),
-                 [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, len(loader))
+                 [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, steps)
     note = momentum_note(trainer)
     if note is not None:
         out.print(escape(note), highlight=False, soft_wrap=True)
