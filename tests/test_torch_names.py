@@ -197,6 +197,18 @@ def test_shape_and_size_are_gc_size_with_torchs_numel():
     assert gc.zeros(gc.Size([2, 3])).shape == (2, 3)
 
 
+def test_size_arithmetic_keeps_size_as_torchs():
+    """A Size joined with a tuple on either side, with a Size, or repeated is a Size as torch's (was a tuple:
+    ``(x.shape[:1] + (4,)).numel()`` an AttributeError); a list is refused alike."""
+    s, t = gc.Size([2, 3]), torch.Size([2, 3])
+    for op in (lambda a: a + (4,), lambda a: (4,) + a, lambda a: a + a, lambda a: a * 2, lambda a: 2 * a,
+               lambda a: a[:1] + (5, 6)):
+        assert type(op(t)) is torch.Size and type(op(s)) is gc.Size and op(s) == op(t)
+    assert (s + (4,)).numel() == (t + (4,)).numel() == 24
+    with pytest.raises(TypeError, match="concatenate"):
+        s + [4]
+
+
 def test_symbolic_shape_is_a_size_of_dim_names():
     def fn(x):
         assert isinstance(x.shape, gc.Size) and x.shape == ("N", 3)

@@ -33,13 +33,27 @@ class DimName(str):
 
 class Size(tuple):
     """``torch.Size``: what ``.shape`` and ``.size()`` of a Tensor or Parameter are, a tuple of ints and ``DimName``s
-    (symbolic dims) with torch's ``numel()``; a slice of one is one (``x.shape[:-1]``); ``gc.Size([2, 3])``."""
+    (symbolic dims) with torch's ``numel()``; a slice, a concatenation with a tuple (either side) and a repeat of one
+    are one (``x.shape[:-1] + (4,)``); ``gc.Size([2, 3])``."""
 
     __slots__ = ()
 
     def __getitem__(self, index: Any) -> Any:
         item = super().__getitem__(index)
         return Size(item) if isinstance(index, slice) else item
+
+    def __add__(self, other: Any) -> Any:
+        joined = super().__add__(other)
+        return joined if joined is NotImplemented else Size(joined)
+
+    def __radd__(self, other: Any) -> Any:
+        return Size(other + tuple(self)) if isinstance(other, tuple) else NotImplemented
+
+    def __mul__(self, times: Any) -> Any:
+        repeated = super().__mul__(times)
+        return repeated if repeated is NotImplemented else Size(repeated)
+
+    __rmul__ = __mul__
 
     def numel(self) -> Any:
         """The product of the dims (a ``DimName``'s arithmetic where one is symbolic)."""
