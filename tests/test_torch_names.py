@@ -45,10 +45,12 @@ def test_finfo_equals_torchs_for_graphc_and_torch_dtypes(name, torch_dtype):
     assert gc.finfo(gc.double).max == torch.finfo(torch.double).max and gc.finfo(gc.half).min == -65504.0
 
 
-@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "int32", "int64"])
+@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64"])
 def test_iinfo_equals_torchs(name):
+    """Each integer dtype graphc holds (the wide unsigned ones from gc.from_numpy: no gc.uint16 name, as
+    graphc's dtype names) has torch's limits (uint16/32/64 were refused)."""
     want = torch.iinfo(getattr(torch, name))
-    for given in (getattr(gc, name), name, getattr(torch, name)):
+    for given in (gc.from_numpy(np.zeros(1, name)).dtype, name, getattr(torch, name)):
         got = gc.iinfo(given)
         assert (got.bits, got.max, got.min, got.dtype) == (want.bits, want.max, want.min, want.dtype)
     assert gc.iinfo(gc.long).max == 2**63 - 1

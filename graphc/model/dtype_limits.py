@@ -10,7 +10,7 @@ import numpy as np
 
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 
-_INTEGER_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+_INTEGER_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8"})
 
 
 class _Limits:
