@@ -34,6 +34,9 @@ from graphc.model.dtypes import (
     int64,
     spec,
     uint8,
+    uint16,
+    uint32,
+    uint64,
 )
 from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, CaptureError, DataParallelWarning,
                            GraphcError, GraphError, InputError, MissingDependency, MissingGradientRule, MissingKernel,
@@ -287,7 +290,8 @@ __all__ = [
     "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError",
     "GraphcError", "InputError",
     "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PerformanceWarning",
-    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "load", "spec", "uint8", *_LAZY,
+    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "load", "spec", "uint8", "uint16", "uint32", "uint64",
+    *_LAZY,
 ]
 
 

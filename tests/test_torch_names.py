@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.model.dtypes import as_dtype
 from tests.dsl_util import check
 from tests.torch_grad_util import run_both
 
@@ -47,13 +48,51 @@ def test_finfo_equals_torchs_for_graphc_and_torch_dtypes(name, torch_dtype):
 
 @pytest.mark.parametrize("name", ["int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64"])
 def test_iinfo_equals_torchs(name):
-    """Each integer dtype graphc holds (the wide unsigned ones from gc.from_numpy: no gc.uint16 name, as
-    graphc's dtype names) has torch's limits (uint16/32/64 were refused)."""
+    """Each integer dtype graphc holds has torch's limits (uint16/32/64 were refused)."""
     want = torch.iinfo(getattr(torch, name))
-    for given in (gc.from_numpy(np.zeros(1, name)).dtype, name, getattr(torch, name)):
+    for given in (gc.from_numpy(np.zeros(1, name)).dtype, getattr(gc, name), name, getattr(torch, name)):
         got = gc.iinfo(given)
         assert (got.bits, got.max, got.min, got.dtype) == (want.bits, want.max, want.min, want.dtype)
     assert gc.iinfo(gc.long).max == 2**63 - 1
+
+
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64"])
+def test_wide_unsigned_dtype_names_cast_and_fill_as_torchs_on_both_backends(name):
+    """gc.uint16/uint32/uint64 as torch's (were missing: only gc.from_numpy made these dtypes): .to() and the
+    factories give torch's dtype and values on numpy and ort-cpu, 65000 included (past int16)."""
+    dtype = getattr(gc, name)
+    assert dtype == name and as_dtype(getattr(torch, name)) == dtype and repr(dtype) == f"gc.{name}"
+    x = np.array([[1.5, 2.7, 65000.0], [3.0, 4.0, 0.0]])
+    model = gc.capture(lambda x: (x.to(dtype), gc.zeros(2, 3, dtype=dtype), gc.full((2,), 7, dtype=dtype)),
+                       x=gc.spec("float64", ("N", 3)))
+    check(model)
+    t, want_dtype = torch.from_numpy(x), getattr(torch, name)
+    want = [t.to(want_dtype), torch.zeros(2, 3, dtype=want_dtype), torch.full((2,), 7, dtype=want_dtype)]
+    for backend in ("numpy", "ort-cpu"):
+        got = list(gc.Session(model, backend=backend).run({"x": x}).values())
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == np.dtype(name) and g.tolist() == w.tolist(), (backend, g, w)
+
+
+# torch's dtype names (torch 2.13) that are not gc names, by pattern, and why
+ABSENT_DTYPES = {
+    r"complex\d+|c(double|float|half)": "complex dtypes: graphc holds real and imaginary parts as a trailing 2 "
+                                        "(gc.view_as_real)",
+    r"q(u)?int\w+": "quantized dtypes: graphc quantizes in float (fake quantization, QAT) and as int8 QDQ",
+    r"u?int[1-7]|bits\w*|bit": "sub-byte and bit-pattern dtypes: graphc's smallest integers are int8/uint8",
+    r"float8_\w+|float4_\w+": "8- and 4-bit floats: gc.optimize quantizes to int8 QDQ; ONNX's float8 types load",
+}
+
+
+def test_every_torch_dtype_name_is_a_gc_dtype_or_listed_absent_with_the_reason():
+    """torch.uint16 / uint32 / uint64 had no gc names (gc.uint8, gc.int16 and torch's aliases did)."""
+    names = {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
+    provided = {n for n in names if hasattr(gc, n)}
+    assert {"uint16", "uint32", "uint64", "int16", "short", "long", "half"} <= provided
+    assert all(as_dtype(getattr(torch, n)) == getattr(gc, n) for n in provided)
+    unlisted = sorted(n for n in names - provided if not any(re.fullmatch(p, n) for p in ABSENT_DTYPES))
+    assert unlisted == []
+    assert [p for p in ABSENT_DTYPES if not any(re.fullmatch(p, n) for n in names - provided)] == []
 
 
 def test_finfo_and_iinfo_refuse_the_other_kind_naming_it():

@@ -29,10 +29,13 @@ _TABLE: dict[str, tuple[Any, int]] = {
     "int16": (np.dtype(np.int16), onnx.TensorProto.INT16),
     "int8": (np.dtype(np.int8), onnx.TensorProto.INT8),
     "uint8": (np.dtype(np.uint8), onnx.TensorProto.UINT8),
+    "uint16": (np.dtype(np.uint16), onnx.TensorProto.UINT16),
+    "uint32": (np.dtype(np.uint32), onnx.TensorProto.UINT32),
+    "uint64": (np.dtype(np.uint64), onnx.TensorProto.UINT64),
     "bool": (np.dtype(np.bool_), onnx.TensorProto.BOOL),
 }
 # Every other ONNX element type an imported model may use, named as ONNX names it in lower case
-# ("uint32", "string", "complex64", "float8e4m3fn", "int4", ...), with the numpy dtype onnx maps
+# ("string", "complex64", "float8e4m3fn", "int4", ...), with the numpy dtype onnx maps
 # it to (ml_dtypes for the small floats and ints; object for strings).
 for _name, _code in onnx.TensorProto.DataType.items():
     if _code != onnx.TensorProto.UNDEFINED and _code not in {code for _, code in _TABLE.values()}:
@@ -62,7 +65,8 @@ class DType(str):
 
 
 float32, float16, bfloat16, float64 = (DType(n) for n in ("float32", "float16", "bfloat16", "float64"))
-int64, int32, int16, int8, uint8 = (DType(n) for n in ("int64", "int32", "int16", "int8", "uint8"))
+int64, int32, int16, int8 = (DType(n) for n in ("int64", "int32", "int16", "int8"))
+uint8, uint16, uint32, uint64 = (DType(n) for n in ("uint8", "uint16", "uint32", "uint64"))
 bool_ = DType("bool")
 # torch's other names for these dtypes (``torch.bool``, ``torch.long``, ...): ``gc.bool`` etc., attributes of the
 # graphc module only (not in its ``__all__``: a star import would hide the builtins bool, float and int)
