@@ -23,7 +23,12 @@ httpclient = pytest.importorskip("tritonclient.http")
 def start_serve(*args: str) -> tuple[subprocess.Popen, str]:
     """`graphc serve ARGS --port P` in a subprocess, once it answers ready."""
     port = free_port()
-    cmd = [sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args, "--port", str(port)]
+    return started([sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args, "--port", str(port)],
+                   port)
+
+
+def started(cmd: list[str], port: int) -> tuple[subprocess.Popen, str]:
+    """``cmd`` (a server on ``port``) in a subprocess, once it answers ready."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     deadline = time.monotonic() + 60
@@ -35,7 +40,7 @@ def start_serve(*args: str) -> tuple[subprocess.Popen, str]:
         except Exception:  # noqa: BLE001 - not listening yet
             time.sleep(0.1)
     proc.kill()
-    raise AssertionError(f"graphc serve did not start:\n{proc.communicate()[0]}")
+    raise AssertionError(f"the server did not start:\n{proc.communicate()[0]}")
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -92,13 +97,31 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
     model_path = tmp_path / "mixed.onnx"
     model_path.write_bytes(mixed_model().SerializeToString())
     proc, url = start_serve(str(model_path), "--backend", "numpy")
-    port = int(url.rsplit(":", 1)[1])
+    assert _answers_in_flight_and_exits_0(proc, int(url.rsplit(":", 1)[1]))[-1] == f"stopped serving {model_path}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_gc_serve_in_a_script_stops_as_the_cli_does(tmp_path, sig):
+    """gc.serve called from a plain script: a signal lets the in-flight request be answered, then gc.serve
+    returns and the script goes on to exit 0 (uvicorn re-raises the signal it stopped on: exit 143 or a
+    KeyboardInterrupt, had serve_app not set handlers that ignore it)."""
+    model_path = tmp_path / "mixed.onnx"
+    model_path.write_bytes(mixed_model().SerializeToString())
+    port = free_port()
+    script = f"import graphc as gc; gc.serve({str(model_path)!r}, port={port}, backend='numpy'); print('returned')"
+    proc, _ = started([sys.executable, "-c", script], port)
+    assert _answers_in_flight_and_exits_0(proc, port, sig) == ["returned"]
+
+
+def _answers_in_flight_and_exits_0(proc: subprocess.Popen, port: int, sig: int = signal.SIGTERM) -> list[str]:
+    """Send ``proc`` (serving mixed.onnx on ``port``) ``sig`` with a request half sent; check the request is
+    answered and the process exits 0; return its output's lines."""
     feeds = mixed_feeds(2)
     body = json.dumps({"inputs": [{"name": k, "shape": list(v.shape), "datatype": d, "data": v.ravel().tolist()}
                                   for (k, v), d in zip(feeds.items(), ("FP32", "INT64", "BOOL"))]}).encode()
     sock, rest = _raw_request(port, body)
     try:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         time.sleep(0.5)
         assert proc.poll() is None, "the server quit with a request in flight"
         sock.sendall(rest)
@@ -113,8 +136,8 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
     assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
     outputs = json.loads(reply.split(b"\r\n\r\n", 1)[1])["outputs"]
     assert outputs[1]["data"] == (feeds["idx"] + 1).ravel().tolist()
-    assert proc.wait(timeout=30) == 0
-    assert proc.communicate()[0].splitlines()[-1] == f"stopped serving {model_path}"
+    assert proc.wait(timeout=30) == 0, proc.communicate()[0]
+    return proc.communicate()[0].splitlines()
 
 
 def _length(reply: bytes) -> int:
