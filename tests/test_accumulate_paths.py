@@ -241,3 +241,28 @@ def test_sums_and_gradients_are_written_into_the_same_buffers_every_step():
         trainer.step(data)
         for before, now in zip(held, [trainer._grad_buffers, *trainer._sum_sets]):
             assert all(now[name] is handle for name, handle in before.items())
+
+
+def test_left_out_micro_batch_is_named_as_a_skipped_batch():
+    """A micro-batch of ignored labels (or of class weights summing to 0) is named by its epoch and
+    loader batch in fit, as a batch fit skips with accumulate=1 is, with the same reason."""
+    def arts(**options):
+        return gc.training.generate(gc.capture(_Net(batchnorm=False), x=gc.spec("float64", ("N", 4))),
+                                    gc.losses.cross_entropy("output", label="y", **options),
+                                    _optimizers("sgd", False)[0])
+
+    data = {"x": RNG.standard_normal((16, 4)), "y": np.array([0, 1, 0, 1] * 3 + [2] * 4)}  # 4 batches of 4
+    loader = gc.data.DataLoader(data, batch_size=4, shuffle=False)
+    for trainer, where, outcome in ((gc.Trainer(arts(ignore_index=2), backend="numpy"), "", "skipped"),
+                                    (gc.Trainer(arts(ignore_index=2), backend="numpy", accumulate=2),
+                                     r" \(micro-batch 2 of 2\)", "left out of the step")):
+        with pytest.warns(UserWarning, match=rf"^epoch 1, batch 4 of 4{where}: every label in 'y' is the ignore "
+                                             rf"index 2; {outcome}"):
+            trainer.fit(loader, epochs=1, progress=False, quiet=True)
+    with pytest.warns(UserWarning, match=r"^micro-batch 2 of 2: every label in 'y' is the ignore index 2; left out"):
+        gc.Trainer(arts(ignore_index=2), backend="numpy", accumulate=2).step({n: a[np.r_[:4, 12:16]]
+                                                                             for n, a in data.items()})
+    weighted = gc.Trainer(arts(weight=[1.0, 1.0, 0.0]), backend="numpy", accumulate=2)
+    with pytest.warns(UserWarning, match=r"^epoch 1, batch 4 of 4 \(micro-batch 2 of 2\): the class weights of its "
+                                         r"labels in 'y' sum to 0 \(weight=\[1.0, 1.0, 0.0\]\); left out"):
+        weighted.fit(loader, epochs=1, progress=False, quiet=True)

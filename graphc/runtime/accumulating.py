@@ -98,11 +98,13 @@ def micro_batches(batch: Mapping[str, np.ndarray], specs: list, batch_specs: lis
             for b in bounds if len(b)]
 
 
-def counting(trainer: Trainer, batches: list[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], dict, int]]:
+def counting(trainer: Trainer, batches: list[Mapping[str, Any]],
+             of: Optional[int] = None) -> list[tuple[Mapping[str, Any], dict, int]]:
     """The micro-batches of a step that count in the loss, each with its feeds and rows. One
     whose every label is the ignore index (or whose class weights sum to 0) is left out with a
-    warning, as ``fit`` skips such a batch without accumulation; a step none of whose
-    micro-batches counts is refused as a train step on the first (``Trainer._refuse_step``)."""
+    warning naming it as ``fit`` names a batch it skips without accumulation (``of``: the epoch's
+    loader batches in ``fit``, None in ``step``); a step none of whose micro-batches counts is
+    refused as a train step on the first (``Trainer._refuse_step``)."""
     parts = []
     for batch in batches:
         feeds = trainer._batch_feeds(batch, trainer.batch_specs)
@@ -111,8 +113,10 @@ def counting(trainer: Trainer, batches: list[Mapping[str, Any]]) -> list[tuple[M
     if all(nothing):
         trainer._refuse_step(parts[0][1])
     for index in (i for i, empty in enumerate(nothing) if empty):
-        warnings.warn(f"micro-batch {index + 1} of {len(batches)}: no label in {trainer.manifest.loss['label']!r} "
-                      "counts in the loss; left out of the step (its mean loss is 0/0)", stacklevel=4)
+        batch, _, rows = parts[index]
+        examples = averaging.examples(trainer.manifest.loss, batch, rows)
+        warnings.warn(f"{trainer._counts_nothing_why(of, examples, (index, len(batches)))}; left out of the step "
+                      "(its mean loss is 0/0)", stacklevel=4)
     return [part for part, empty in zip(parts, nothing) if not empty]
 
 
@@ -177,13 +181,13 @@ class AccumulatingTrainer(Trainer):
         return self._step_on(micro_batches(batch, [*self.batch_specs, *self.noise_specs], self.batch_specs,
                                           self.accumulate))
 
-    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]], of: Optional[int] = None) -> float:
         """One optimizer step on the micro-batches ``batches``: each one's gradients added into
         the sums by its share, then the update; returns the step's loss. A micro-batch that counts
-        for nothing (every label ignored) is left out, with a warning."""
+        for nothing (every label ignored) is left out, with a warning (``counting``: ``of``)."""
         loss_spec = self.manifest.loss
         feeds = []
-        for batch, f, rows in counting(self, batches):
+        for batch, f, rows in counting(self, batches, of):
             self._refuse_step(f)
             feeds.append((batch, f, averaging.shard_weight(loss_spec, batch, rows),
                           averaging.examples(loss_spec, batch, rows)))

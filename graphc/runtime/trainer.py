@@ -809,7 +809,7 @@ class Trainer:
                 continue
             batch = batches[0]
             with self._interrupts:
-                loss = self._step_on(batches)
+                loss = self._step_on(batches, len(loader))
                 if hook is not None and self.step_count == hook[1]:
                     signal.raise_signal(hook[0])
                 # with loss scaling, its inf/NaN gradients skip the step (torch's loop goes on): the
@@ -852,8 +852,9 @@ class Trainer:
         if group:
             yield group
 
-    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
-        """One optimizer step on ``batches`` (one batch here; micro-batches: ``AccumulatingTrainer``)."""
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]], of: Optional[int] = None) -> float:
+        """One optimizer step on ``batches`` (one batch here; micro-batches: ``AccumulatingTrainer``),
+        ``fit``'s loader batches from ``self.batch_in_epoch`` on of an epoch of ``of`` (None: ``step``'s)."""
         return self.step(batches[0])
 
     def _non_finite_cause(self, loader, batch: Mapping[str, np.ndarray]) -> str:
@@ -895,15 +896,26 @@ class Trainer:
         labels not ignored weigh 0 in all, with no step, saying so."""
         import warnings
 
+        with self._interrupts:
+            warnings.warn(f"{self._counts_nothing_why(batches, examples)}; skipped (no step: its mean "
+                          "loss is 0/0, NaN, and would make every param NaN)", stacklevel=4)
+            self.batch_in_epoch += count
+
+    def _counts_nothing_why(self, batches: Optional[int], examples: int,
+                            micro: Optional[tuple[int, int]] = None) -> str:
+        """Where and why a batch counts for nothing (``_counts_nothing``): ``fit``'s loader batch at
+        ``self.batch_in_epoch`` of ``batches`` (None: ``step``'s own batch), or micro-batch
+        ``micro[0]`` (from 0) of ``micro[1]`` of the step there, holding ``examples`` labels not ignored."""
         loss = self.manifest.loss
         options = loss.get("options", {})
         ignore = options.get("ignore_index", -100)
         why = (f"the class weights of its labels in {loss['label']!r} sum to 0 (weight={options.get('weight')})"
                if examples else f"every label in {loss['label']!r} is the ignore index {ignore}")
-        with self._interrupts:
-            warnings.warn(f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} of {batches}: {why}; skipped (no "
-                          "step: its mean loss is 0/0, NaN, and would make every param NaN)", stacklevel=4)
-            self.batch_in_epoch += count
+        part = "" if micro is None else f"micro-batch {micro[0] + 1} of {micro[1]}"
+        if batches is None:
+            return f"{part}: {why}"
+        where = f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + (micro[0] if micro else 0) + 1} of {batches}"
+        return f"{where}{f' ({part})' if part else ''}: {why}"
 
     def _train_metrics_wanted(self) -> bool:
         """Whether fit computes train metrics: there are metrics, and the train_step graph gives

@@ -26,7 +26,7 @@ would run per micro-batch) and embeddings with ``max_norm``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -58,11 +58,11 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
 
     step = AccumulatingTrainer.step  # the batch split into micro-batches, then this class's _step_on
 
-    def _step_on(self, batches: list[Mapping[str, np.ndarray]]) -> float:
+    def _step_on(self, batches: list[Mapping[str, np.ndarray]], of: Optional[int] = None) -> float:
         """One optimizer step on the global micro-batches ``batches``; returns the step's loss (the
-        micro-batches' weighted mean, or sum for a summed loss)."""
+        micro-batches' weighted mean, or sum for a summed loss; ``of``: ``counting``'s)."""
         metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
-        batches = [batch for batch, _, _ in counting(self, batches)]
+        batches = [batch for batch, _, _ in counting(self, batches, of)]
         plans = [self._messages(batch, self.batch_specs, noise=True) for batch in batches]
         for index, (messages, _) in enumerate(plans):
             for message in messages:
