@@ -317,19 +317,32 @@ class DeadlineProtocol(HttpToolsProtocol):
 class ThrottledLog:
     """A logger whose warnings (what uvicorn's connections log about what a client sent: a request
     its parser refuses, an upgrade it does not take) go out at most once per ``WARNING_INTERVAL``
-    seconds per message, with how many were left out since; other calls pass through."""
+    seconds per message, with how many were left out since; ``flush`` (at shutdown) logs the
+    counts still untold; other calls pass through."""
 
     def __init__(self, logger: logging.Logger):
         self._logger = logger
-        self._last: dict[str, tuple[float, int]] = {}  # message -> (when logged, left out since)
+        # message -> (when logged, left out since, the last left-out call's args)
+        self._last: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
 
     def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
         now = time.monotonic()
-        logged, left_out = self._last.get(msg, (-math.inf, 0))
+        logged, left_out, _ = self._last.get(msg, (-math.inf, 0, ()))
         if now - logged < WARNING_INTERVAL:
-            self._last[msg] = (logged, left_out + 1)
+            self._last[msg] = (logged, left_out + 1, args)
             return
-        self._last[msg] = (now, 0)
+        self._log(msg, now, logged, left_out, *args, **kwargs)
+
+    def flush(self) -> None:
+        """Log each message left out since it was last logged (its last args, no traceback), with
+        how many times."""
+        now = time.monotonic()
+        for msg, (logged, left_out, args) in list(self._last.items()):
+            if left_out:
+                self._log(msg, now, logged, left_out, *args)
+
+    def _log(self, msg: str, now: float, logged: float, left_out: int, *args: Any, **kwargs: Any) -> None:
+        self._last[msg] = (now, 0, ())
         more = f" ({left_out} more in the last {now - logged:.0f} s)" if left_out else ""
         self._logger.warning(f"{msg}{more}", *args, **kwargs)
 
@@ -382,7 +395,8 @@ def listen(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socke
 class Server(uvicorn.Server):
     """``uvicorn.Server`` that calls ``on_ready((host, port))`` with the address it listens on
     (the port the system chose for port 0) once it accepts connections; a callback that takes
-    no argument (as before the address was given) is called without it."""
+    no argument (as before the address was given) is called without it. At shutdown it logs the
+    warnings ``config``'s ``ThrottledLog`` left out since it last logged each (``flush``)."""
 
     def __init__(self, config: uvicorn.Config, on_ready: Callable[..., None] | None = None):
         super().__init__(config)
@@ -393,6 +407,12 @@ class Server(uvicorn.Server):
         if self.started and self.on_ready is not None:
             address = tuple(self.servers[0].sockets[0].getsockname()[:2])
             self.on_ready(*([address] if _takes_an_argument(self.on_ready) else []))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        log = getattr(self.config.http, "log", None)  # ``config``'s ThrottledLog
+        if log is not None:
+            log.flush()
 
 
 def _takes_an_argument(fn: Callable[..., Any]) -> bool:
@@ -418,6 +438,8 @@ def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = 
 
     def protocol(**kwargs: Any) -> DeadlineProtocol:
         return DeadlineProtocol(read_timeout=read_timeout, log=log, **kwargs)
+
+    protocol.log = log  # Server.shutdown flushes it
 
     return uvicorn.Config(app, http=protocol, log_level=log_level, access_log=access_log, backlog=backlog,
                           timeout_keep_alive=min(5, read_timeout), timeout_graceful_shutdown=30,
