@@ -22,6 +22,7 @@ from graphc.dsl.ops_math import isinf, isnan, round
 from graphc.dsl.ops_special import (digamma, float_input, gamma_fraction, gamma_series, i0, i0e, i1, i1e, igamma,
                                     igammac, in_float64, lgamma, multigammaln, polygamma, zeta)
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.torch_keywords import torch_names
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
@@ -239,3 +240,6 @@ __all__ = [
     "logsumexp", "multigammaln", "ndtr", "ndtri", "polygamma", "psi", "round", "sinc", "softmax", "xlog1py",
     "xlogy", "zeta",
 ]
+
+for _name in __all__:  # torch's keyword names (gc.special.expit(input=x)), the same objects as gc.sigmoid's
+    globals()[_name] = torch_names(globals()[_name])

@@ -10,6 +10,7 @@ import inspect
 from typing import Any, Callable
 
 _BINARY = {"a": "input", "b": "other"}
+_MADE: dict[tuple, Callable[..., Any]] = {}  # (fn, its renames) -> the wrapper: gc.conv1d is F.conv1d
 
 # gc name -> {graphc's parameter name: torch 2.13's}
 RENAMES: dict[str, dict[str, str]] = {
@@ -31,7 +32,8 @@ def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> 
     """``fn`` taking torch's names for its parameters (``names``: graphc's name -> torch's, those ``fn`` has;
     by default ``{"x": "input"}`` when ``fn``'s first parameter is ``x``, torch's ``input``) as keywords,
     graphc's still bound; its signature shows torch's. ``fn`` itself when nothing is renamed (or it has no
-    signature). Both names for one parameter is a TypeError."""
+    signature). Both names for one parameter is a TypeError. One wrapper per function and names, so an alias
+    (``gc.conv1d`` and ``F.conv1d``, ``gc.special.expit`` and ``gc.sigmoid``) stays the same object."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -41,6 +43,9 @@ def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> 
     names = {mine: torch for mine, torch in names.items() if mine in sig.parameters}
     if not names:
         return fn
+    key = (fn, tuple(sorted(names.items())))
+    if key in _MADE:
+        return _MADE[key]
     own = {torch: mine for mine, torch in names.items()}
 
     @functools.wraps(fn)
@@ -54,6 +59,7 @@ def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> 
 
     named.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=[p.replace(name=names.get(p.name, p.name)) for p in sig.parameters.values()])
+    _MADE[key] = named
     return named
 
 
