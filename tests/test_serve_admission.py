@@ -104,7 +104,10 @@ def test_a_body_that_stalls_gets_a_408_and_its_bytes_are_freed(tmp_path):
                 assert closed_by_server(sock, time.monotonic() + 30)
                 sock.close()
             after.append(rss_mb(proc.pid))
-        assert after[-1] - after[0] < 50, f"RSS {before:.0f} MB at first, then {after} MB after each round"
+        # a leak grows by a round's 160 MB every round; the allocator may settle over the first two (one CI run
+        # under load: 238, 292, 292 MB), so the last round is held to the second and all to less than one round
+        said = f"RSS {before:.0f} MB at first, then {after} MB after each round"
+        assert after[-1] - after[1] < 50 and after[-1] - after[0] < 100, said
 
 
 def test_a_head_past_the_limit_gets_a_431_at_once_and_one_within_it_is_served(tmp_path):
