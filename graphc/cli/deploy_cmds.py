@@ -134,15 +134,13 @@ def served_lines(models: dict[str, dict[str, Any]]) -> list[str]:
     """One line per served model (``load_models``' name -> version -> ``ServedModel``): its
     versions, the backend its sessions run on, and the versions on disk its version_policy leaves
     out, e.g. ``  model b: versions 2, 3 on numpy; version 1 left out by ...``."""
+    from graphc.serving.kserve.app import versions_phrase
+
     lines = []
     for name, versions in models.items():
         newest = versions[next(reversed(versions))]
-        line = f"  model {name}: {_versions(list(versions))} on {newest.session.backend}"
+        line = f"  model {name}: {versions_phrase(list(versions))} on {newest.session.backend}"
         if newest.left_out:  # one policy per model: every left-out version has the same rule
-            line += f"; {_versions(list(newest.left_out))} left out by {next(iter(newest.left_out.values()))}"
+            line += f"; {versions_phrase(list(newest.left_out))} left out by {next(iter(newest.left_out.values()))}"
         lines.append(line)
     return lines
-
-
-def _versions(numbers: list[str]) -> str:
-    return f"version{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"

@@ -243,3 +243,4 @@ __all__ = [
 
 for _name in __all__:  # torch's keyword names (gc.special.expit(input=x)), the same objects as gc.sigmoid's
     globals()[_name] = torch_names(globals()[_name])
+del _name

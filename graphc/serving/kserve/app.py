@@ -29,7 +29,12 @@ from graphc.serving.kserve.repository import ServedModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
            "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_REQUEST_TIMEOUT", "KServeApp",
-           "create_app"]
+           "create_app", "versions_phrase"]
+
+
+def versions_phrase(numbers: list[str]) -> str:
+    """``version 1`` or ``versions 2, 3``: served versions as the 404s and ``graphc serve``'s lines say them."""
+    return f"version{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
 
 
 class ModelRegistry:
@@ -48,7 +53,7 @@ class ModelRegistry:
             return latest
         model = versions.get(version)
         if model is None:
-            served = f"{'version' if len(versions) == 1 else 'versions'} {', '.join(versions)}"
+            served = versions_phrase(list(versions))
             rule = latest.left_out.get(version)
             if rule is not None:
                 raise ProtocolError(f"model {name!r} version {version!r} is in the repository but not served: "
