@@ -287,11 +287,11 @@ def test_a_killed_worker_restarts_from_the_epochs_start_with_each_steps_loss_and
     step_on, killed = dp._step_on, []
     pid = dp.worker_pids()[1]
 
-    def kill_before_step_6(batches):
+    def kill_before_step_6(*args):
         if dp.step_count == 5 and not killed:
             killed.append(pid)
             os.kill(pid, signal.SIGKILL)
-        return step_on(batches)
+        return step_on(*args)
 
     dp._step_on = kill_before_step_6
     try:
