@@ -330,7 +330,7 @@ def train_cmd(
                          "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=fixed or max(batch_size, 256), shuffle=False,
                                      drop_last=_drops(fixed, test, test_source)) if test else None
-    steps = -(-len(loader) // trainer.accumulate)  # optimizer steps an epoch: one per --accumulate batches
+    steps = trainer.steps_for(len(loader))  # optimizer steps an epoch: one per --accumulate batches
     use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, steps, step_size=step_size,
                                           gamma=gamma, min_lr=min_lr, warmup=warmup, patience=patience),
                  [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, steps)

@@ -694,9 +694,8 @@ class Trainer:
                 check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
                 check_probabilities(self.manifest, loader.arrays, "the training loader")
             if self._scheduler is not None:
-                k = self.accumulate  # a step per k batches, the epoch's last of those left
-                check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, -(-self.batch_in_epoch // k),
-                             -(-len(loader) // k))
+                check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch,
+                             self.steps_for(self.batch_in_epoch), self.steps_for(len(loader)))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
@@ -839,6 +838,11 @@ class Trainer:
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
+
+    def steps_for(self, batches: int) -> int:
+        """Optimizer steps ``batches`` loader batches make: one per ``self.accumulate``, the last of
+        those left."""
+        return -(-batches // self.accumulate)
 
     def _step_groups(self, loader) -> Iterator[list[Mapping[str, np.ndarray]]]:
         """The rest of the epoch's batches, ``self.accumulate`` to an optimizer step (the last
