@@ -198,6 +198,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "data": ("graphc.runtime.data", None),
     "metrics": ("graphc.runtime.metrics", None),
     "checkpoint": ("graphc.runtime.checkpoint", None),
+    "utils": ("graphc.utils", None),  # torch.utils' names: gc.utils.checkpoint
     "distributed": ("graphc.runtime.distributed", None),
     "parity": ("graphc.runtime.parity", None),
     "deploy": ("graphc.serving.deploy", None),

@@ -187,7 +187,8 @@ class Manifest(BaseModel):
     # params (and their optimizer state) train_step holds in another order of axes, as np.transpose's
     # axes from the model's: conv weights as their dense_conv reads them (passes/training/taps_params)
     orders: dict[str, list[int]] = {}
-    recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
+    # the backward recomputes forward values: generate's recompute=True, or gc.utils.checkpoint regions
+    recompute: bool = False
     # trainable params an embedding with max_norm renormalises in place: train_step steps them from
     # their renormalised values; data-parallel workers' gradients graph gives them (``renorm_rows``)
     renormed: list[str] = []
@@ -640,6 +641,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     """
     from graphc.dsl.autocast_policy import onnx_kinds
     from graphc.passes.training import artifacts, modes
+    from graphc.passes.training.recompute import marked
     from graphc.passes.training.scheduled import with_scheduled
 
     if not isinstance(model, Model):
@@ -674,7 +676,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         sources=built.sources,
         batchnorm=batchnorm, state=list(built.state),
         optimizer=opt_json, loss=loss_json, metrics=_default_metrics(loss_json, graphs["eval"]),
-        model_outputs=built.model_outputs, recompute=recompute, device=device,
+        model_outputs=built.model_outputs, recompute=recompute or marked(model.ir.graph), device=device,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots[g.name]),
                            weight_decay=g.weight_decay) for g in built.layout],

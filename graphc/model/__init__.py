@@ -30,6 +30,9 @@ COUNT_KEY = "graphc.batches_tracked"
 # BatchNormalization node metadata: an inference BatchNorm ``gc.vmap`` ran on the examples folded into N
 # (the user's line); the training graphs refuse to switch it to batch statistics, which would span them
 VMAP_FOLDED_KEY = "graphc.vmap_folded"
+# node metadata: the activation-checkpoint region (``gc.utils.checkpoint``) a node was captured in, an id
+# unique in its model; the training graphs' backward recomputes the region's values from its inputs
+CHECKPOINT_KEY = "graphc.checkpoint"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
 # single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
 EXTERNAL_DATA_THRESHOLD = 1 << 30

@@ -262,8 +262,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
                **buffer_updates.updated_values(step.graph)}  # the buffers the forward writes
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()
-    if recompute:
-        recomputation.recompute(step.graph, forward, opset)
+    recomputation.recompute(step.graph, forward, opset, everywhere=recompute)  # checkpoint regions always
     gradients = step.clone()
     graph = gradients.graph
     stats = [Output(expose(graph, by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat]), "state",

@@ -40,6 +40,7 @@ from graphc.model import COUNT_KEY, COUNTER_KEY, SOURCE_KEY, VMAP_FOLDED_KEY
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
+from graphc.passes.training.recompute import inherited
 from graphc.passes.values import (EPSILON_KEY, PROBABILITIES_KEY, exact_float, onnx_opset, replace_value,
                                   static_shape)
 
@@ -280,7 +281,8 @@ def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = Non
         if node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Dropout":
-            _dropout_with_noise(b, graph, node, noise)
+            with inherited(graph, node):  # a checkpoint region's Dropout recomputes its mask from the noise
+                _dropout_with_noise(b, graph, node, noise)
         elif node.op_type == "BatchNormalization" and batchnorm:
             _refuse_vmap_folded(node)
             node.attributes["training_mode"] = ir.AttrInt64("training_mode", 1)
@@ -314,7 +316,8 @@ def lower_batchnorm(b: Emitter, graph: ir.Graph, device: str = "cpu") -> dict[st
     for node in list(graph):
         if (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
                 and node.attributes.get_int("training_mode", 0)):
-            updated.update(_batchnorm_training(b, graph, node, device))
+            with inherited(graph, node):
+                updated.update(_batchnorm_training(b, graph, node, device))
     return updated
 
 
