@@ -603,7 +603,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             the cheap forward values it reads (elementwise ops, reshapes) from the expensive
             ones (convolutions, matmuls, pooling), so those are all a step keeps alive
             (ResNet-50, batch 32, onnxruntime CPU, 2 threads: peak RSS 2.9 -> 2.5 GB for about
-            8 % more time per step).
+            8 % more time per step). ``gc.utils.checkpoint`` regions are recomputed either way.
         device: ``"cpu"`` or ``"cuda"``: whose kernels (onnxruntime's CPU or CUDA provider) the
             backward's lowerings are chosen for, where the fastest differ (a convolution's weight
             gradient: see ``passes/autodiff/rules_nn.py``; reductions over batch and pixels:

@@ -1,0 +1,69 @@
+"""Activation checkpointing on a memory-bound model: peak RSS and step time of a deep MLP's
+train step on ort-cpu without checkpointing, with ``gc.utils.checkpoint`` regions
+(``checkpoint_sequential``), and with ``generate(..., recompute=True)``.
+
+Each variant runs in its own process (peak RSS is per process): ``python scripts/bench_checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_zoo import peak_rss_mb  # noqa: E402 - this process's peak RSS
+
+VARIANTS = ("none", "regions", "recompute")
+DEPTH, WIDTH, BATCH, SEGMENTS, STEPS = 16, 512, 4096, 4, 4
+
+
+def _measure(variant: str) -> dict:
+    import graphc as gc
+    from graphc.utils.checkpoint import checkpoint_sequential
+
+    class Deep(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = gc.nn.Sequential(*(gc.nn.Sequential(gc.nn.Linear(WIDTH, WIDTH), gc.nn.Tanh())
+                                             for _ in range(DEPTH)))
+            self.head = gc.nn.Linear(WIDTH, 10)
+
+        def forward(self, x):
+            h = checkpoint_sequential(self.blocks, SEGMENTS, x, use_reentrant=False) if variant == "regions" \
+                else self.blocks(x)
+            return self.head(h)
+
+    model = gc.capture(Deep(), x=gc.spec("float32", ("N", WIDTH)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(1e-3),
+                                recompute=variant == "recompute")
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.normal(size=(BATCH, WIDTH)).astype(np.float32), "y": rng.integers(0, 10, BATCH)}
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    before = peak_rss_mb()
+    times = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        trainer.step(batch)
+        times.append(time.perf_counter() - start)
+    return {"variant": variant, "peak_rss_mb": round(peak_rss_mb()), "before_steps_mb": round(before),
+            "step_s": round(float(np.median(times[1:])), 3)}
+
+
+def main() -> None:
+    if len(sys.argv) > 1:
+        print(json.dumps(_measure(sys.argv[1])))
+        return
+    print(f"MLP {DEPTH} x Linear({WIDTH}) + Tanh, batch {BATCH}, float32, SGD, ort-cpu; "
+          f"regions: checkpoint_sequential(segments={SEGMENTS})")
+    for variant in VARIANTS:
+        out = subprocess.run([sys.executable, __file__, variant], capture_output=True, text=True, check=True)
+        print(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()
