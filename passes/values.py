@@ -12,12 +12,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY",
-           "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY",
-           "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY",
-           "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random", "exact_attribute",
-           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values",
-           "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraph_reads", "subgraphs"]
+__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS",
+           "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY",
+           "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY",
+           "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random",
+           "drop_autograd_functions", "exact_attribute", "exact_attributes", "exact_float", "exchange_kind",
+           "fixed_array", "fresh_name", "needed_values", "node_attrs", "onnx_opset", "replace_value", "static_shape",
+           "stops_gradient", "subgraph_reads", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -51,6 +52,11 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
 # ONNX has no stop-gradient op, so the mark is on the node and survives save and load
 STOP_GRADIENT_KEY = "graphc.stop_gradient"
 
+# node metadata of a ``gc.autograd.Function``'s output (a stop-gradient Identity): a JSON record of its
+# region (``autodiff/autograd_functions``), whose backward is a model-local function of this domain
+AUTOGRAD_KEY = "graphc.autograd_function"
+AUTOGRAD_DOMAIN = "graphc.autograd"
+
 # node metadata of a fake quantization's QuantizeLinear + DequantizeLinear lowering (``gc.fake_quantize_*``):
 # ``"quantize"`` on the QuantizeLinear of ``x * (1 / scale)`` with scale 1 (torch's rounding), ``"output"`` on
 # the Add of the value (input 0) and its straight-through gradient path (input 1, zero forward but for torch's
@@ -68,6 +74,16 @@ FUSED_GRADIENT_KEY = "graphc.fused_gradient"
 # node metadata of a Scan ("true") whose gradient is taken in reverse mode at any length (``grad_scan``
 # does not unroll it): an RNN/GRU/LSTM written out as a Scan, which is faster so (``autodiff/recurrent``)
 REVERSE_MODE_KEY = "graphc.reverse_mode"
+
+
+def drop_autograd_functions(model: ir.Model) -> bool:
+    """Drop the ``gc.autograd.Function`` backwards (``AUTOGRAD_DOMAIN``'s functions, which no node calls)
+    and the domain's import from ``model``, in place: a graph no pass differentiates again is plain
+    ONNX without them. Returns whether there were any."""
+    keys = [key for key in model.functions if key[0] == AUTOGRAD_DOMAIN]
+    for key in keys:
+        del model.functions[key]
+    return bool(keys) | (model.opset_imports.pop(AUTOGRAD_DOMAIN, None) is not None)
 
 
 def stops_gradient(node: ir.Node) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from graphc.errors import AutodiffError, GraphError, MissingGradientRule
+from graphc.passes.autodiff.autograd_functions import Region, regions
 from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, static_shape
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import FUSED_RULES, RULES, GradRule
@@ -90,19 +91,28 @@ def own_subgraph_outputs(g: GradBuilder, branch: ir.Graph, outer: ir.Graph) -> N
             branch.outputs[i] = node.outputs[0]
 
 
-def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Sequence[ir.Value]):
-    """Nodes on a float path from ``sources`` to ``sinks`` that no stop-gradient node cuts, and
-    the values on such paths."""
+def _gradient_inputs(node: ir.Node, marked: Mapping[ir.Node, Region]) -> list[ir.Value]:
+    """The values ``node``'s gradient goes to: a Function marker's region's inputs, none through
+    any other stop-gradient node, else its inputs (``node_inputs``)."""
+    if node in marked:
+        return marked[node].inputs
+    return [] if stops_gradient(node) else node_inputs(node)
+
+
+def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Sequence[ir.Value],
+             marked: Mapping[ir.Node, Region]):
+    """Nodes on a float path from ``sources`` to ``sinks`` that no stop-gradient node cuts (a
+    Function's markers join their region's inputs to its outputs), and the values on such paths."""
     forward = {v for v in sources if is_float(v)}
     for node in nodes:
-        if not stops_gradient(node) and any(v in forward for v in node_inputs(node)):
+        if any(v in forward for v in _gradient_inputs(node, marked)):
             forward.update(v for v in node.outputs if is_float(v))
     needed = {v for v in sinks if v in forward}
     path: list[ir.Node] = []
     for node in reversed(nodes):
         if not any(v in needed for v in node.outputs):
             continue
-        ins = [v for v in node_inputs(node) if v in forward]
+        ins = [v for v in _gradient_inputs(node, marked) if v in forward]
         if ins:
             path.append(node)
             needed.update(ins)
@@ -150,6 +160,9 @@ def _rule(node: ir.Node) -> GradRule:
     if rule is None:
         raise _missing_rule(node)
     return rule
+
+
+_FUNCTION_RULE = GradRule("gc.autograd.Function", lambda g, node, dy: ())  # what ``_checked`` names
 
 
 def _type_like(grad: ir.Value, primal: ir.Value) -> None:
@@ -204,8 +217,10 @@ def _check_like(where: str, index: int, primal: ir.Value, grad: ir.Value) -> Non
 
 
 def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, ir.Value],
-             wrt: Sequence[ir.Value]) -> dict[ir.Value, ir.Value]:
-    """Propagate ``seeds`` (value -> its gradient) back through ``nodes`` to ``wrt``.
+             wrt: Sequence[ir.Value], functions: Mapping[ir.OperatorIdentifier, ir.Function] | None = None
+             ) -> dict[ir.Value, ir.Value]:
+    """Propagate ``seeds`` (value -> its gradient) back through ``nodes`` to ``wrt``; ``functions``:
+    the model's, where the backwards of ``gc.autograd.Function`` regions are (``autograd_functions``).
 
     Returns the summed gradient of each ``wrt`` value that has a path (others are absent).
     """
@@ -214,7 +229,11 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
             for sub in ([attr.value] if attr.type == ir.AttributeType.GRAPH else
                         attr.value if attr.type == ir.AttributeType.GRAPHS else []):
                 own_subgraph_outputs(g, sub, node.graph)
-    path, needed = _on_path(list(nodes), wrt, list(seeds))
+    marked = regions(nodes, functions)
+    path, needed = _on_path(list(nodes), wrt, list(seeds), marked)
+    for node in path:
+        if node in marked:
+            marked[node].waiting += 1
     pending: dict[ir.Value, list[ir.Value]] = {v: [dv] for v, dv in seeds.items()}
     for v, dv in seeds.items():
         _type_like(dv, v)
@@ -233,6 +252,12 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         return parts[0]
 
     for node in reversed(path):
+        if node in marked:
+            g.source, g.scope = node.metadata_props.get(SOURCE_KEY), f"{node.name}/grad"
+            grads = marked[node].backward(g, node, take(node.outputs[0]))
+            for value, dx in _checked(g, _FUNCTION_RULE, node, [], grads or {}):
+                pending.setdefault(value, []).append(dx)
+            continue
         rule = _rule(node)
         dys = tuple(take(v) for v in node.outputs)
         if not rule.multi_output:
@@ -268,11 +293,12 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
 
 
 def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: str = "cpu",
-             nchwc: int = 0, seed_scale: ir.Value | None = None) -> dict[str, ir.Value]:
+             nchwc: int = 0, seed_scale: ir.Value | None = None,
+             functions: Mapping[ir.OperatorIdentifier, ir.Function] | None = None) -> dict[str, ir.Value]:
     """Append d(loss)/d(w) for each ``w`` in ``wrt`` to ``graph``; return ``{w.name: gradient}``.
     ``device`` and ``nchwc``: whose kernels the gradient rules choose their lowerings for
     (``GradBuilder``). ``seed_scale`` (a scalar of the loss's dtype): the gradients of ``loss *
-    seed_scale`` instead (loss scaling).
+    seed_scale`` instead (loss scaling). ``functions``: the model's (``backprop``).
 
     ``loss`` must be a scalar (or one-element) float value of ``graph``. A ``w`` with no path
     to the loss gets zeros of its shape (``ConstantOfShape``), like ``tf.gradients`` with
@@ -291,7 +317,7 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: s
     seed = g.full(g.shape_of(loss), 1.0, loss)
     if seed_scale is not None:
         seed = g.op("Mul", seed, seed_scale)
-    grads = backprop(g, nodes, {loss: seed}, list(wrt))
+    grads = backprop(g, nodes, {loss: seed}, list(wrt), functions)
     result = {}
     for w in wrt:
         result[w.name] = grads[w] if w in grads else g.zeros_like(w)

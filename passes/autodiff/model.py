@@ -18,7 +18,7 @@ from graphc.passes.autodiff.registry import RULES
 from graphc.passes.evaluate import run_graph
 from graphc.passes.functions import expand_functions
 from graphc.passes.infer import correct_onnx_inference
-from graphc.passes.values import BUFFER_WRITE_KEY, fresh_name, onnx_opset
+from graphc.passes.values import BUFFER_WRITE_KEY, drop_autograd_functions, fresh_name, onnx_opset
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
@@ -216,7 +216,8 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     graph = new.graph
     values = {v.name: v for v in graph.inputs}
     params = [values[name] for name in wrt]
-    grads = backward(graph, {v.name: v for v in graph.outputs}[loss], params)
+    grads = backward(graph, {v.name: v for v in graph.outputs}[loss], params, functions=new.functions)
+    drop_autograd_functions(new)  # the Functions' backwards are in the graph now: plain ONNX
     for p in params:
         node = ir.node("Identity", [grads[p.name]], name=f"{p.name}_grad/Identity")
         node.outputs[0].name = f"{p.name}_grad"

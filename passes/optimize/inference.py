@@ -11,7 +11,8 @@ from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass, initializer
-from graphc.passes.values import STOP_GRADIENT_KEY, draws_random, fixed_array, stops_gradient
+from graphc.passes.values import (AUTOGRAD_KEY, STOP_GRADIENT_KEY, draws_random, drop_autograd_functions,
+                                  fixed_array, stops_gradient)
 
 __all__ = ["ScaleIntoLinear", "StopGradientRemoval", "inference_pass"]
 
@@ -199,7 +200,8 @@ def inference_pass() -> RulePass:
 
 class StopGradientRemoval(Declared, ir.passes.InPlacePass):
     """``gc.detach``'s stop-gradient marks dropped: an inference graph has no gradient to stop,
-    and each marked Identity becomes a plain one that identity elimination removes."""
+    and each marked Identity becomes a plain one that identity elimination removes; so are a
+    ``gc.autograd.Function``'s marks on its outputs and its backward (``drop_autograd_functions``)."""
 
     name = "StopGradientRemoval"
     idempotent = True
@@ -208,7 +210,8 @@ class StopGradientRemoval(Declared, ir.passes.InPlacePass):
         marked = [node for node in all_nodes(model.graph) if stops_gradient(node)]
         for node in marked:
             del node.metadata_props[STOP_GRADIENT_KEY]
-        return ir.passes.PassResult(model, bool(marked))
+            node.metadata_props.pop(AUTOGRAD_KEY, None)
+        return ir.passes.PassResult(model, bool(marked) | drop_autograd_functions(model))
 
 
 class ScaleIntoLinear(Declared, ir.passes.InPlacePass):

@@ -50,7 +50,7 @@ from graphc.passes.training import export_records, recompute as recomputation, t
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
-from graphc.passes.values import exchange_kind, onnx_opset
+from graphc.passes.values import drop_autograd_functions, exchange_kind, onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -144,8 +144,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
             for g in groups]
 
     slots = _slots(optimizer, {p: gradients.graph.initializers[p].dtype for p in params}, groups)
-    param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p]
-                    for p in grads}
+    param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p] for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
@@ -158,8 +157,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     grouped = {p for g in groups for p in g.params}
     updated = [g.name for g in groups] + [p for p in params if p not in grouped]  # what optimizer state is kept for
-    role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
-                     **{n: "param" for n in params},
+    role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}), **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots[p]},
                      **{n: "state" for n in guarded_params.own_state(gated, optimizer)},
                      STEP: "state", **{n: "state" for n in running_state(optimizer)},
@@ -253,7 +251,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         seed = sync_batchnorm.loss_seed(step.graph, loss_value)
         seed_scale = seed if seed_scale is None else Emitter(step.graph, opset, "sync_bn").op("Mul", seed_scale, seed)
     found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],
-                     device, nchwc, seed_scale)
+                     device, nchwc, seed_scale, step.functions)
     grads = {p: found[p] for p in params}
     before = set(step.graph)
     if device == "cpu":
@@ -493,6 +491,7 @@ def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType)
 def _tidy(model: ir.Model) -> None:
     model.graph.sort()
     RemoveUnusedNodesPass()(model)
+    drop_autograd_functions(model)  # backwards of gc.autograd.Functions: in train_step and gradients now
     for value in model.graph.outputs:  # the checker wants a type and shape on every output
         if value.shape is None or value.dtype is None:
             _infer_shapes(model)

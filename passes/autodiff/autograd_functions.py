@@ -1,0 +1,119 @@
+"""Regions a ``gc.autograd.Function`` marked: autodiff takes the user's backward there.
+
+``Fn.apply(...)`` in a capture emits the forward's nodes as plain ONNX, each input read through a
+``gc.detach`` Identity, and each differentiable output through a stop-gradient Identity (a *marker*)
+whose ``AUTOGRAD_KEY`` metadata is a JSON record of the region: ``function``, the name of its backward,
+a model-local function of the ``graphc.autograd`` domain that no node calls; ``output``, the marker's
+index; ``inputs``, the value each of the function's outputs is the gradient of; ``reads``, the forward
+values bound to the function's inputs after one gradient per marker (saved tensors, ctx attributes);
+``class`` and ``source``, the Function and the line that applied it.
+
+The driver (``core``) treats a region's markers as one node: a marker's output lies on a gradient path
+when one of the region's ``inputs`` does, and the forward's own nodes, cut off by the detaches, get no
+gradient (their ops need no rule). At the region's last marker the walk reaches, the backward's body is
+copied in, reading each marker's gradient (zeros for one the loss does not reach, as torch passes) and the
+bound forward values; gradients of an input passed twice are summed. ``values.drop_autograd_functions``
+drops the functions from graphs no pass differentiates again (the training artifacts, inference exports).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from graphc.errors import AutodiffError
+from graphc.passes.autodiff.builder import GradBuilder
+from graphc.passes.autodiff.loops import clone_body
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY
+
+__all__ = ["Region", "regions"]
+
+
+@dataclass
+class Region:
+    """One application of a Function: its markers (by output index), the value each gradient goes to,
+    and, where the model has it, its backward (None: an error once the walk reaches it)."""
+
+    record: dict
+    body: ir.Function | None
+    named: Mapping[str, ir.Value]  # the graph's values by name
+    markers: dict[int, ir.Node] = field(default_factory=dict)
+    inputs: list[ir.Value] = field(default_factory=list)  # the value each body output is the gradient of
+    waiting: int = 0  # markers on the gradient path the walk has still to reach
+    dys: dict[int, ir.Value] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"gc.autograd.Function {self.record['class']} (applied at {self.record['source']})"
+
+    def bound(self, name: str) -> ir.Value:
+        """The graph's value ``name``, or ``AutodiffError`` naming the Function."""
+        if name not in self.named:
+            raise AutodiffError(f"the backward of {self.where} is bound to the value {name!r}, which this graph "
+                                "no longer has (a pass renamed or folded it)")
+        return self.named[name]
+
+    def backward(self, g: GradBuilder, marker: ir.Node, dy: ir.Value | None) -> dict[ir.Value, ir.Value] | None:
+        """Record ``marker``'s gradient; at the region's last marker on the path, the backward's
+        gradients by input value (None before)."""
+        if self.body is None:
+            raise AutodiffError(
+                f"{self.where} lies on the path to the loss, but its backward {self.record['function']!r} is not "
+                "in this graph's model: gc.grad, gc.training.generate and the Trainer take it from the captured "
+                "model (gc.optimize at level 3 and the training artifacts drop it; gc.func's transforms and "
+                "gc.vmap cannot use it)")
+        index = json.loads(marker.metadata_props[AUTOGRAD_KEY])["output"]
+        if dy is not None:
+            self.dys[index] = dy
+        self.waiting -= 1
+        if self.waiting:
+            return None
+        reads = [self.bound(name) for name in self.record["reads"]]
+        count = len(self.body.inputs) - len(reads)
+        mapping: dict[ir.Value, ir.Value] = {}
+        for j, param in enumerate(self.body.inputs[:count]):
+            mapping[param] = self.dys[j] if j in self.dys else g.zeros_like(self.markers[j].outputs[0])
+        mapping.update(zip(self.body.inputs[count:], reads))
+        grads: dict[ir.Value, ir.Value] = {}
+        for value, dx in zip(self.inputs, clone_body(g, self.body.graph, mapping)):
+            grads[value] = g.op("Add", grads[value], dx) if value in grads else dx
+        return grads
+
+
+def regions(nodes: Sequence[ir.Node], functions: Mapping[ir.OperatorIdentifier, ir.Function] | None
+            ) -> dict[ir.Node, Region]:
+    """Each marker among ``nodes`` mapped to its region: its values found by name in the marker's
+    graph, its backward in ``functions``."""
+    found: dict[str, Region] = {}
+    out: dict[ir.Node, Region] = {}
+    named: dict[str, ir.Value] | None = None
+    for node in nodes:
+        text = node.metadata_props.get(AUTOGRAD_KEY)
+        if text is None:
+            continue
+        record = json.loads(text)
+        region = found.get(record["function"])
+        if region is None:
+            named = _named(node.graph) if named is None else named
+            body = (functions or {}).get((AUTOGRAD_DOMAIN, record["function"], ""))
+            region = found[record["function"]] = Region(record, body, named)
+            # without its backward, a region is refused where the walk reaches it (``Region.backward``)
+            region.inputs = [region.bound(name) for name in record["inputs"] if body is not None or name in named]
+        region.markers[record["output"]] = node
+        out[node] = region
+    return out
+
+
+def _named(graph: ir.Graph | None) -> dict[str, ir.Value]:
+    """``graph``'s inputs, initializers, node outputs and the outer values its nodes read (a gc.func
+    transform's traced nodes read the inputs it made before them), by name."""
+    if graph is None:
+        return {}
+    values = {v.name: v for node in graph for v in node.inputs if v is not None and v.name}
+    values.update((v.name, v) for v in graph.inputs)
+    values.update(graph.initializers)
+    values.update((v.name, v) for node in graph for v in node.outputs if v.name)
+    return values
