@@ -171,6 +171,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_fake_quantize", op) for op in _FAKE_QUANTIZE_OPS},
     **{op: ("graphc.dsl.ops_fake_quantize_learnable", op) for op in _FAKE_QUANTIZE_LEARNABLE_OPS},
     "func": ("graphc.nn.func", None),
+    "autograd": ("graphc.dsl.autograd", None),
     **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
     # torch's names that model files and training scripts use beside the ops (the torch names sweep)

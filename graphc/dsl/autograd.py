@@ -1,0 +1,238 @@
+"""``gc.autograd``: torch's ``autograd.Function``, a forward with a gradient of the user's own.
+
+``Fn.apply(*args)`` runs ``Fn.forward(ctx, *args)`` as ``gc.no_grad`` code (each input read through a
+``gc.detach``), so its nodes are plain ONNX that no gradient passes through, and reads each differentiable
+output through a stop-gradient Identity marked ``AUTOGRAD_KEY``. ``Fn.backward(ctx, *grads)`` is captured at
+once, in a scope of its own, on a placeholder per marked output: its nodes become a model-local function of
+the ``graphc.autograd`` domain that no node calls, its inputs those gradients and the forward values it reads
+(saved tensors, ctx attributes). Autodiff copies that body in where the gradient reaches the markers
+(``graphc.passes.autodiff.autograd_functions``); inference graphs and exports drop it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import onnx_ir as ir
+
+from graphc.dsl import ops
+from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.ops_array import zeros_like
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape
+
+__all__ = ["Function", "FunctionCtx"]
+
+_FUNCTIONS_KEY = "graphc.autograd"  # Builder.finishers: the backwards of this capture's Functions
+
+
+class FunctionCtx:
+    """torch's ``ctx``: ``save_for_backward``/``saved_tensors``, ``needs_input_grad``,
+    ``mark_non_differentiable``, ``set_materialize_grads(True)``; any other attribute holds what
+    ``forward`` leaves for ``backward`` (ints, shapes, Tensors)."""
+
+    def __init__(self, where: str, needs_input_grad: tuple[bool, ...]) -> None:
+        self._where = where
+        self.needs_input_grad = needs_input_grad
+        self._saved: tuple[Tensor | None, ...] = ()
+        self._non_differentiable: set[int] = set()
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise CaptureError(f"{self._where}: save_for_backward takes Tensors or None; argument {i} is "
+                                   f"{type(t).__name__}")
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[Tensor | None, ...]:
+        return self._saved
+
+    def mark_non_differentiable(self, *tensors: Tensor) -> None:
+        self._non_differentiable.update(id(t.value) for t in tensors)
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """torch's switch; graphc always passes zeros for an output the loss does not reach."""
+        if value is not True:
+            raise CaptureError(f"{self._where}: set_materialize_grads(False) is not supported; backward gets zeros "
+                               "for an output the loss does not reach")
+
+
+class Function:
+    """torch's ``autograd.Function``: subclass it with ``@staticmethod forward(ctx, *args)`` (or
+    ``forward(*args)`` and ``setup_context(ctx, inputs, output)``) and ``@staticmethod backward(ctx,
+    *grads)``, returning one gradient (or None) per forward argument; call ``Fn.apply(*args)``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *args: Any) -> Any:
+        raise NotImplementedError("a gc.autograd.Function subclass defines forward")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: Any) -> Any:
+        raise NotImplementedError("a gc.autograd.Function subclass defines backward")
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        return _apply(cls, args, user_source())
+
+
+def _apply(cls: type, args: tuple, source: str) -> Any:
+    builder = active()
+    where = f"gc.autograd.Function {cls.__name__} (applied at {source})"
+    needs = tuple(isinstance(a, Tensor) and a.value.dtype is not None and a.value.dtype.is_floating_point()
+                  for a in args)
+    ctx = FunctionCtx(where, needs)
+    if builder is None:  # outside a capture: values only, no gradient to take
+        return _forward(cls, ctx, args)
+    if len(builder.scopes) > 1:
+        raise CaptureError(f"{where} is inside a body (gc.cond, gc.fori_loop, gc.scan, gc.while_loop, gc.vmap) "
+                           "or another Function's backward; graphc takes a Function's backward in the main graph "
+                           "only: apply it outside the body")
+    state = builder.set_gradients(False)
+    try:
+        result = _forward(cls, ctx, args)
+    finally:
+        builder.restore_gradients(state)
+    outputs = result if isinstance(result, tuple) else (result,)
+    for i, out in enumerate(outputs):
+        if not isinstance(out, Tensor):
+            raise CaptureError(f"{where}: forward returned {type(out).__name__} as output {i}; it returns a "
+                               "gc.Tensor or a tuple of them")
+    marked = [id(o.value) not in ctx._non_differentiable and o.dtype in FLOAT_DTYPES for o in outputs]
+    if not any(marked) or not builder.gradients_enabled or not any(needs):
+        return result
+    name = builder.unique(cls.__name__)
+    marks = [_mark(o) if m else ops.detach(o) if o.dtype in FLOAT_DTYPES else o for o, m in zip(outputs, marked)]
+    _Backward(cls, ctx, builder, name, source, args, outputs, marked).capture(marks)
+    return tuple(marks) if isinstance(result, tuple) else marks[0]
+
+
+def _forward(cls: type, ctx: FunctionCtx, args: tuple) -> Any:
+    """The user's forward, torch's two styles: ``forward(ctx, *args)`` or ``forward(*args)`` with ``setup_context``."""
+    if getattr(cls, "setup_context", None) is not None:
+        result = cls.forward(*args)
+        cls.setup_context(ctx, args, result)
+        return result
+    return cls.forward(ctx, *args)
+
+
+def _mark(t: Tensor) -> Tensor:
+    """``t`` read through a stop-gradient Identity, which ``_Finisher`` marks with its region's record."""
+    out = ops.emit("Identity", [t], name_hint="autograd")
+    out.value.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
+    return out
+
+
+class _Backward:
+    """The backward of one ``apply``, captured in a scope of its own and checked against the inputs."""
+
+    def __init__(self, cls: type, ctx: FunctionCtx, builder: Builder, name: str, source: str, args: tuple,
+                 outputs: tuple, marked: list[bool]) -> None:
+        self.cls, self.ctx, self.builder, self.name, self.source = cls, ctx, builder, name, source
+        self.args, self.outputs, self.marked = args, outputs, marked
+        self.where = ctx._where
+        line = getattr(getattr(cls.backward, "__code__", None), "co_firstlineno", "?")
+        self.backward_at = f"{cls.__name__}.backward (line {line})"
+
+    def capture(self, marks: list[Tensor]) -> None:
+        """Capture backward as a function; register it and the region's record with the capture's finisher."""
+        builder = self.builder
+        params = [builder.new_value(builder.unique(f"{self.name}.grad"), o.dtype, static_shape(o.value))
+                  for o, m in zip(self.outputs, self.marked) if m]
+        state = builder.set_gradients(True)
+        try:
+            with builder.subgraph() as scope:
+                it = iter(params)
+                grads = [Tensor(next(it)) if m else zeros_like(o) if o.dtype in FLOAT_DTYPES else None
+                         for o, m in zip(self.outputs, self.marked)]
+                gradients = self._checked(self.cls.backward(self.ctx, *grads))
+                made = {id(v) for node in scope.nodes for v in node.outputs}
+                returned = [(i, g if id(g.value) in made else ops.emit("Identity", [g])) for i, g in gradients]
+        finally:
+            builder.restore_gradients(state)
+        body = ir.Graph(params, [g.value for _, g in returned], nodes=scope.nodes, opset_imports={"": builder.opset},
+                        name=self.name)
+        reads = _reads(body, set(params))
+        record = {"function": self.name, "class": self.cls.__name__, "source": self.source}
+        inputs = [self.args[i].value for i, _ in returned]
+        builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).add(
+            ir.Function(AUTOGRAD_DOMAIN, self.name, graph=body, attributes=[]), record, inputs, reads,
+            [mark for mark, m in zip(marks, self.marked) if m])
+
+    def _checked(self, result: Any) -> list[tuple[int, Tensor]]:
+        """(argument index, gradient) for each forward argument backward gave a gradient for."""
+        grads = result if isinstance(result, tuple) else (result,)
+        count = len(self.args)
+        if len(grads) < count or any(g is not None for g in grads[count:]):
+            raise CaptureError(f"{self.where}: {self.backward_at} returned {len(grads)} gradient(s); forward took "
+                               f"{count} argument(s), and backward returns one per argument (None for no gradient)")
+        out = []
+        for i, (arg, g) in enumerate(zip(self.args, grads)):
+            if g is None:
+                continue
+            if not isinstance(arg, Tensor) or not self.ctx.needs_input_grad[i]:
+                what = "a Tensor that is not floating-point" if isinstance(arg, Tensor) else type(arg).__name__
+                raise CaptureError(f"{self.where}: {self.backward_at} returned a gradient for argument {i}, which is "
+                                   f"{what}; return None there")
+            if not isinstance(g, Tensor):
+                raise CaptureError(f"{self.where}: {self.backward_at} returned {type(g).__name__} as the gradient of "
+                                   f"argument {i}; it returns a gc.Tensor or None")
+            want, got = static_shape(arg.value), static_shape(g.value)
+            if g.dtype != arg.dtype or (want is not None and got is not None and _differ(want, got)):
+                raise CaptureError(f"{self.where}: {self.backward_at} returned a gradient of {g.type_str()} for "
+                                   f"argument {i}, which is {arg.type_str()}; a gradient has its input's dtype and "
+                                   "shape")
+            out.append((i, g))
+        return out
+
+
+def _differ(want: tuple, got: tuple) -> bool:
+    return len(want) != len(got) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                        for a, b in zip(want, got))
+
+
+def _reads(body: ir.Graph, params: set[ir.Value]) -> list[ir.Value]:
+    """The outer values ``body`` (and its subgraphs) reads, each replaced by a new input of ``body``;
+    the outer values in the order of those inputs."""
+    inner = list(ir.traversal.RecursiveGraphIterator(body))
+    made = {v for node in inner for v in node.outputs} | params
+    for node in inner:
+        for sub in (a.value for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH):
+            made.update(sub.inputs)
+    outer: dict[ir.Value, ir.Value] = {}
+    for node in inner:
+        for i, v in enumerate(node.inputs):
+            if v is None or v in made:
+                continue
+            if v not in outer:
+                outer[v] = ir.Value(name=f"{body.name}.{v.name}", type=v.type, shape=v.shape)
+                body.inputs.append(outer[v])
+            node.replace_input_with(i, outer[v])
+    return list(outer)
+
+
+class _Finisher:
+    """Once the capture ends (names final): each Function's backward added to the model, its record
+    written on its markers with the names of the values it binds."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple] = []
+
+    def add(self, function: ir.Function, record: dict, inputs: list, reads: list, marks: list) -> None:
+        self.pending.append((function, record, inputs, reads, marks))
+        self._write(record, inputs, reads, marks)  # at once too: a gc.func transform then names the Function
+
+    @staticmethod
+    def _write(record: dict, inputs: list, reads: list, marks: list) -> None:
+        names = {"inputs": [v.name for v in inputs], "reads": [v.name for v in reads]}
+        for j, mark in enumerate(marks):
+            mark.value.producer().metadata_props[AUTOGRAD_KEY] = json.dumps({**record, **names, "output": j})
+
+    def __call__(self, model: ir.Model) -> None:
+        for function, *rest in self.pending:
+            model.functions[function.identifier()] = function
+            self._write(*rest)
+        model.opset_imports[AUTOGRAD_DOMAIN] = 1
