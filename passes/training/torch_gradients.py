@@ -60,45 +60,117 @@ _RANGES = {ir.DataType.INT8: (-128, 127), ir.DataType.UINT8: (0, 255), ir.DataTy
 
 
 def straight_through(model: ir.Model) -> list[str]:
-    """Each imported per-tensor ``DequantizeLinear(QuantizeLinear(x, scale, zero_point))`` (a
-    torch.onnx export of ``torch.fake_quantize_per_tensor_affine``, a QAT model's quantize/dequantize
-    pairs) followed by torch's straight-through gradient: the pair's value, and ``dy`` back to ``x``
-    where ``round(x * (1 / scale)) + zero_point`` lies in the zero point type's range, else 0
-    (``gc.fake_quantize_per_tensor_affine``'s rule); in place, returns the pairs' outputs. Before, no
-    gradient went through the pair: every param before it got zero. ``gc.capture``'s own pairs
-    (``FAKE_QUANTIZE_KEY``) already have it; a pair that no float initializer reaches needs none and is
-    left as it is; a per-channel pair raises."""
+    """Each imported ``DequantizeLinear(QuantizeLinear(x, scale, zero_point))`` (a torch.onnx export
+    of ``torch.fake_quantize_per_tensor_affine`` or ``_per_channel_affine``, a QAT model's
+    quantize/dequantize pairs, a ``Clip`` between them for torch's (0, 127) range) followed by torch's
+    straight-through gradient: the pair's value, and ``dy`` back to ``x`` where ``round(x * (1 / scale))
+    + zero_point`` lies in the range (the zero point type's, narrowed by the Clip), else 0
+    (``gc.fake_quantize_per_*_affine``'s rule); per channel (1-D ``scale`` and ``zero_point``) each
+    along the pair's ``axis``. ``scale`` and ``zero_point`` get none, as torch's: a QAT export's scale
+    buffers (float initializers TorchScript names as parameters) are not trained. In place, returns
+    the pairs' outputs. Before, no gradient went through the pair: every param before it got zero (a
+    scale initializer reaching it: no gradient rule for DequantizeLinear). ``gc.capture``'s own pairs (``FAKE_QUANTIZE_KEY``) already have it; a
+    pair that no float initializer reaches needs none and is left as it is."""
     graph = model.graph
-    pairs = [(n.inputs[0].producer(), n) for n in graph if n.op_type == "DequantizeLinear" and n.inputs[0] is not None
-             and n.inputs[0].producer() is not None and n.inputs[0].producer().op_type == "QuantizeLinear"
-             and FAKE_QUANTIZE_KEY not in n.inputs[0].producer().metadata_props]
+    pairs = [pair for n in graph if (pair := _pair(n)) is not None
+             and any(_reads_weights(v) for v in pair[0].inputs[:3])]
     emit = Emitter(graph, onnx_opset(model, 0), "straight_through")
-    pairs = [(q, dq) for q, dq in pairs if _reads_weights(q.inputs[0])]
-    for quantize, dequantize in pairs:
-        x, scale, zero = (list(quantize.inputs) + [None])[:3]
+    for quantize, clip, dequantize in pairs:
         value = dequantize.outputs[0]
-        shape = _typed(scale)[0]
-        if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) != 1:
-            raise PassError(f"QuantizeLinear {quantize.name!r}: training through a quantize/dequantize pair needs one "
-                            f"scale for the whole tensor (per tensor), got scale {scale.name!r} of shape {shape}")
-        kind = _typed(zero)[1] if zero is not None else ir.DataType.UINT8
-        low, high = _RANGES.get(kind, (None, None))
-        if low is None:
-            raise PassError(f"QuantizeLinear {quantize.name!r}: training through it needs an int8/uint8/int16/uint16 "
-                            f"zero point, got {kind}")
-        uses = list(value.uses())
-        wide = emit.op("Cast", x, to=ir.DataType.FLOAT)
-        zp = emit.op("Cast", zero, to=ir.DataType.FLOAT) if zero is not None else emit.const(np.float32(0))
-        r = emit.op("Add", emit.op("Round", emit.op("Mul", wide, emit.op("Reciprocal", emit.op(
-            "Cast", scale, to=ir.DataType.FLOAT)))), emit.op("Reshape", zp, emit.ints([])))
-        inside = emit.op("And", emit.op("GreaterOrEqual", r, emit.const(np.float32(low))),
-                         emit.op("LessOrEqual", r, emit.const(np.float32(high))))
-        passed = emit.op("Where", inside, emit.op("Sub", x, _held(emit, x)), emit.op("CastLike", emit.const(
-            np.float32(0)), x))
-        replace_value(value, emit.op("Add", _held(emit, value), passed), uses, "dequantized")
+        uses, held = list(value.uses()), _held(emit, value)
+        if _reads_weights(quantize.inputs[0]):
+            held = emit.op("Add", held, _passed(emit, quantize, clip, dequantize))
+        replace_value(value, held, uses, "dequantized")
     if pairs:
         graph.sort()
-    return [dequantize.outputs[0].name for _, dequantize in pairs]
+    return [dequantize.outputs[0].name for _, _, dequantize in pairs]
+
+
+def _passed(emit: Emitter, quantize: ir.Node, clip: ir.Node | None, dequantize: ir.Node) -> ir.Value:
+    """``x - x``, +0 in value and ``dy`` in gradient, where the pair's rounded ``x`` lies in range, else 0;
+    ``scale`` and ``zero_point`` read held (torch sends them no gradient)."""
+    x, scale, zero = (list(quantize.inputs) + [None])[:3]
+    low, high = _quantized_range(quantize, zero, clip)
+    along = _channels(emit, quantize, dequantize, x, scale)
+    wide = emit.op("Cast", x, to=ir.DataType.FLOAT)
+    zp = along(emit.op("Cast", _held(emit, zero), to=ir.DataType.FLOAT)) if zero is not None \
+        else emit.const(np.float32(0))
+    r = emit.op("Add", emit.op("Round", emit.op("Mul", wide, emit.op("Reciprocal", along(emit.op(
+        "Cast", _held(emit, scale), to=ir.DataType.FLOAT))))), zp)
+    inside = emit.op("And", emit.op("GreaterOrEqual", r, emit.const(np.float32(low))),
+                     emit.op("LessOrEqual", r, emit.const(np.float32(high))))
+    return emit.op("Where", inside, emit.op("Sub", x, _held(emit, x)), emit.op("CastLike", emit.const(
+        np.float32(0)), x))
+
+
+def _pair(node: ir.Node) -> tuple[ir.Node, ir.Node | None, ir.Node] | None:
+    """``(QuantizeLinear, Clip or None, node)`` where ``node`` is a DequantizeLinear reading an
+    imported QuantizeLinear, directly or through a Clip; else None."""
+    if node.op_type != "DequantizeLinear" or node.inputs[0] is None:
+        return None
+    clip = node.inputs[0].producer()
+    quantize = clip.inputs[0].producer() if clip is not None and clip.op_type == "Clip" else clip
+    if quantize is None or quantize.op_type != "QuantizeLinear" or FAKE_QUANTIZE_KEY in quantize.metadata_props:
+        return None
+    return quantize, (clip if clip is not quantize else None), node
+
+
+def _quantized_range(quantize: ir.Node, zero: ir.Value | None, clip: ir.Node | None) -> tuple[int, int]:
+    """The integers the pair's values lie in: the zero point type's range, narrowed by ``clip``'s
+    constant bounds."""
+    kind = _typed(zero)[1] if zero is not None else ir.DataType.UINT8
+    low, high = _RANGES.get(kind, (None, None))
+    if low is None:
+        raise PassError(f"QuantizeLinear {quantize.name!r}: training through it needs an int8/uint8/int16/uint16 "
+                        f"zero point, got {kind}")
+    if clip is not None:
+        lower, upper = (_clip_bound(quantize, clip, at) for at in (1, 2))
+        low, high = max(low, low if lower is None else lower), min(high, high if upper is None else upper)
+    return low, high
+
+
+def _clip_bound(quantize: ir.Node, clip: ir.Node, at: int) -> int | None:
+    """The constant bound input ``at`` of the pair's ``clip``, None where it has none; raises for a computed one."""
+    bound = clip.inputs[at] if len(clip.inputs) > at else None
+    if bound is None:
+        return None
+    found = _constant(bound)
+    if found is None:
+        raise PassError(f"Clip {clip.name!r} between QuantizeLinear {quantize.name!r} and its DequantizeLinear: "
+                        f"training through it needs constant bounds, got {bound.name!r} computed in the graph")
+    return found
+
+
+def _channels(emit: Emitter, quantize: ir.Node, dequantize: ir.Node, x: ir.Value, scale: ir.Value):
+    """A function shaping the pair's ``scale`` and ``zero_point`` to broadcast against ``x``: as they
+    are for one scale (per tensor), ``[C]`` to ``[C, 1, ..., 1]`` along the pair's ``axis`` for one per
+    channel; raises for another layout."""
+    shape = _typed(scale)[0]
+    if shape is not None and all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == 1:
+        return lambda v: emit.op("Reshape", v, emit.ints([]))
+    axis, block = quantize.attributes.get_int("axis", 1), quantize.attributes.get_int("block_size", 0)
+    if shape is None or len(shape) != 1 or block or dequantize.attributes.get_int("axis", 1) != axis:
+        raise PassError(f"QuantizeLinear {quantize.name!r}: training through a quantize/dequantize pair needs one "
+                        f"scale for the whole tensor (per tensor) or a 1-D scale along the pair's axis (per channel), "
+                        f"got scale {scale.name!r} of shape {shape}, axis {axis} (DequantizeLinear's "
+                        f"{dequantize.attributes.get_int('axis', 1)}), block_size {block}")
+    rank = len(x_shape) if (x_shape := _typed(x)[0]) is not None else None
+    if axis < 0 or rank is not None:
+        ones = -axis - 1 if axis < 0 else rank - axis - 1
+        target = emit.ints([-1] + [1] * ones)
+    else:  # x's rank known at run time only
+        ones = emit.op("Sub", emit.op("Size", emit.op("Shape", x)), emit.ints([axis + 1]))
+        target = emit.op("Concat", emit.ints([-1]), emit.op("Expand", emit.ints([1]), ones), axis=0)
+    return lambda v: emit.op("Reshape", v, target)
+
+
+def _constant(value: ir.Value) -> int | None:
+    """The one number a constant ``value`` holds (through Casts and Identities), else None."""
+    producer = value.producer()
+    if producer is not None and producer.op_type in ("Cast", "Identity"):
+        return _constant(producer.inputs[0])
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None or tensor.size != 1 else int(tensor.numpy().reshape(-1)[0])
 
 
 def _reads_weights(value: ir.Value) -> bool:
