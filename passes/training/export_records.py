@@ -12,8 +12,10 @@ reach: the file lacks what torch would compute):
   ``1 - 1/k`` for a whole k >= 2 other than 10, 100 and 1000 (the 0.1, 0.01 and 0.001 that code
   writes; k = 1, momentum 0, is ``modes.warn_fixed_momentum``'s).
 * a dynamo export's norm layer whose running statistics it drops (InstanceNorm with
-  ``track_running_stats=True``: ``aten.instance_norm`` reads them, the ONNX node does not): the
-  signature lists the buffers, the graph holds none of them.
+  ``track_running_stats=True`` in training mode: ``aten.instance_norm`` reads them, the ONNX
+  InstanceNormalization does not): the signature lists the buffers, the graph holds none of them,
+  so their values are gone (the fx node keeps the momentum). The eval-mode export keeps them, as a
+  BatchNormalization of the statistics tiled over the batch, which ``modes`` trains as torch.
 * a dynamo export in eval mode (``model.eval()``, torch.onnx's usual): Dropout-family modules are
   recorded (``class_hierarchy``) but hold no random op (an Identity; with ``optimize=False``: the
   default optimizer removes it and its record), and a recurrent layer's ``fx_node`` records its
@@ -85,7 +87,9 @@ def warn(model: ir.Model, batchnorm: str) -> None:
         _say(f"the export dropped the running statistics of {', '.join(f'{m!r} ({b})' for m, b in dropped.items())}: "
              "training normalizes with batch statistics and updates no running statistics, and eval and inference "
              "normalize with batch statistics too, while torch (InstanceNorm*d(track_running_stats=True)) tracks them "
-             "and normalizes with them in eval. Build the model with gc.nn.InstanceNorm*d(track_running_stats=True)")
+             "and normalizes with them in eval. Their values are not in the file (only the momentum is, "
+             "in each node's pkg.torch.onnx.fx_node). Export in eval mode (model.eval() before torch.onnx.export): "
+             "that export keeps them, and training tracks them as torch does")
     idle = {**_eval_layers(graph), **_rnn_dropouts(graph)} if dynamo else {}
     if idle:
         _say(f"exported in eval mode: {first_few([f'{m!r} ({c})' for m, c in idle.items()], 6)} hold no "
