@@ -11,6 +11,7 @@ import pytest
 import graphc as gc
 from graphc.passes.emit import Emitter
 from graphc.passes.training import adam_moments, optimizers
+from graphc.passes.training.scheduled import running_state
 
 SHAPE = (3, 4)
 STEPS = 6
@@ -65,27 +66,31 @@ def torch_state(spec, state: dict) -> dict:
     return out
 
 
-def update_model(spec, dtype=ir.DataType.FLOAT, kept=None) -> gc.Model:
+def update_model(spec, dtype=ir.DataType.FLOAT, kept=None, shape=SHAPE) -> gc.Model:
     """Inputs p, g, state slots, step (int64), lr (``optimizers.lr_dtype``: float64 for float64
-    params, else float32); outputs p.next, <slot>.next, step.next.
+    params, else float32) and the running scalar state (ASGD's eta and mu); outputs p.next,
+    <slot>.next, step.next and the running state's .next.
     ``kept``: Adam's moments as earlier artifacts keep them (``KEPT``)."""
     hyper = {**spec.model_dump(), **KEPT[kept]}
-    slots = optimizers.state_slots(hyper, dtype)
+    slots = optimizers.state_slots(hyper, dtype, len(shape))
 
-    def value(name, dt=dtype, shape=SHAPE):
+    def value(name, dt=dtype, shape=shape):
         return ir.Value(name=name, type=ir.TensorType(dt), shape=ir.Shape(shape))
 
     p, g = value("p"), value("g")
-    state = {s: value(s) for s in slots}
+    state = {s: value(s, shape=optimizers.state_shape(hyper, s, shape)) for s in slots}
+    running = {n: value(n, ir.DataType.DOUBLE, ()) for n in running_state(hyper)}
     step, lr = value("step", ir.DataType.INT64, ()), value("lr", optimizers.lr_dtype([dtype]), ())
-    graph = ir.Graph([p, g, *state.values(), step, lr], [], nodes=[], opset_imports={"": 21}, name="upd")
+    graph = ir.Graph([p, g, *state.values(), step, lr, *running.values()], [], nodes=[], opset_imports={"": 21},
+                     name="upd")
     b = Emitter(graph, 21)
     t = b.op("Add", step, b.const(1, np.int64), name="step.next")
-    new_p, new_state = optimizers.update(optimizers.StepContext(b, lr, t), hyper, p, g, state)
-    outs = [new_p, *(new_state[s] for s in slots), t]
-    for out, name in zip(outs, ["p.next", *(f"{s}.next" for s in slots), "step.next"]):
-        out.name = name
-        out.shape = ir.Shape(()) if name == "step.next" else ir.Shape(SHAPE)
+    ctx = optimizers.StepContext(b, lr, t, running=running)
+    new_p, new_state = optimizers.update(ctx, hyper, p, g, state)
+    outs = [new_p, *(new_state[s] for s in slots), t, *(ctx.running_next[n] for n in running)]
+    names = ["p.next", *(f"{s}.next" for s in slots), "step.next", *(f"{n}.next" for n in running)]
+    for out, name, like in zip(outs, names, [p, *state.values(), step, *running.values()]):
+        out.name, out.shape = name, like.shape
     graph.outputs.extend(outs)
     proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
     onnx.checker.check_model(proto, full_check=True)
@@ -93,18 +98,20 @@ def update_model(spec, dtype=ir.DataType.FLOAT, kept=None) -> gc.Model:
 
 
 def run_steps(spec, backend, grads, p0, dtype=np.float32, kept=None):
-    """The params after each step and, with them, the state as torch keys it."""
+    """The params after each step and, with them, the state as torch keys it (ASGD's eta and mu
+    too, the running scalar state)."""
     ir_dtype = ir.DataType.from_numpy(np.dtype(dtype))
-    session = gc.Session(update_model(spec, ir_dtype, kept), backend=backend)
-    slots = optimizers.state_slots({**spec.model_dump(), **KEPT[kept]}, ir_dtype)
+    session = gc.Session(update_model(spec, ir_dtype, kept, p0.shape), backend=backend)
+    slots = optimizers.state_slots({**spec.model_dump(), **KEPT[kept]}, ir_dtype, p0.ndim)
     p, step = p0.astype(dtype), np.array(0, np.int64)
     state = {s: optimizers.initial_state(spec.model_dump(), s, p) for s in slots}  # Adagrad's sum need not be 0
+    state.update(running_state(spec.model_dump()))
     history = []
     for g in grads:
         lr = np.array(spec.lr, np.float64 if np.dtype(dtype) == np.float64 else np.float32)
         out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": lr})
         p, step = out["p.next"], out["step.next"]
-        state = {s: out[f"{s}.next"] for s in slots}
+        state = {s: out[f"{s}.next"] for s in state}
         history.append((p, torch_state(spec, state)))
     return history
 
@@ -112,7 +119,8 @@ def run_steps(spec, backend, grads, p0, dtype=np.float32, kept=None):
 # torch.optim's class of each spec kind, and its per-param scalar state: the step (a train_step input) and NAdam's
 # mu_product (computed from it)
 TORCH_OPTIM = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad",
-               "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam"}
+               "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam", "adadelta": "Adadelta", "rprop": "Rprop",
+               "asgd": "ASGD", "adafactor": "Adafactor"}
 SCALAR_STATE = ("step", "mu_product")
 
 

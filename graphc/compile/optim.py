@@ -1,5 +1,5 @@
-"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW / RMSprop / Adagrad / Adamax / NAdam / RAdam``,
-pydantic models that describe an update.
+"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW / RMSprop / Adagrad / Adamax / NAdam / RAdam /
+Adadelta / Rprop / ASGD / Adafactor``, pydantic models that describe an update.
 
 A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX update nodes
 (``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
@@ -32,6 +32,7 @@ _OPTIONS = ("dampening", "amsgrad", "maximize")
 # beta in [0, 1), and SGD's dampening is unchecked; the same wherever an optimizer takes the argument
 _AT_LEAST_0 = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value",
                "momentum_decay")
+_UNCHECKED = {("ASGD", "alpha")}  # ASGD's alpha is eta's power, which torch takes of any sign
 
 
 class _Spec(BaseModel):
@@ -60,10 +61,12 @@ class _Spec(BaseModel):
         name, field = cls.__name__, info.field_name
         if field == "betas" and not all(0.0 <= b < 1.0 for b in value):
             raise ValueError(f"betas must each lie in [0, 1), as torch.optim.{name} checks them, got {value!r}")
+        if isinstance(value, tuple) and field != "betas":  # Adafactor's eps, Rprop's etas and step_sizes
+            return _each_finite(cls, field, value)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{field} must be a finite number for {name}, got {value!r}: graphc refuses inf and NaN, "
                              "which torch takes in places (its step then turns params to inf or NaN, or stops them)")
-        if field in _AT_LEAST_0 and value < 0:
+        if field in _AT_LEAST_0 and value < 0 and (name, field) not in _UNCHECKED:
             raise ValueError(f"{field} must be >= 0, as torch.optim.{name} checks it, got {value!r}")
         return value
 
@@ -101,6 +104,18 @@ class _Spec(BaseModel):
         from graphc.passes.training.optimizers import state_slots
 
         return state_slots(self.model_dump())
+
+
+def _each_finite(cls, field: str, value: tuple) -> tuple:
+    """A tuple argument's numbers (None left as it is) finite, and Adafactor's eps each >= 0."""
+    name = cls.__name__
+    for v in value:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{field} must hold finite numbers for {name}, got {value!r}")
+        if field == "eps" and v is not None and v < 0:
+            raise ValueError(f"eps must each be >= 0 (eps1 may be None), as torch.optim.{name} checks them, "
+                             f"got {value!r}")
+    return value
 
 
 class SGD(_Spec):
@@ -227,18 +242,105 @@ class RAdam(_Spec):
     no_decay: tuple[str, ...] = ()
 
 
+class Adadelta(_Spec):
+    """``torch.optim.Adadelta``: ``g += wd*p``; ``square_avg = rho*square_avg + (1-rho)*g*g``;
+    ``delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g``; ``acc_delta = rho*acc_delta +
+    (1-rho)*delta*delta``; ``p -= lr*delta``."""
+
+    kind: Literal["adadelta"] = "adadelta"
+    lr: float = 1.0
+    rho: float = 0.9
+    eps: float = 1e-6
+    weight_decay: float = 0.0
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+    @field_validator("rho")
+    @classmethod
+    def _rho(cls, value):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"rho must lie in [0, 1], as torch.optim.Adadelta checks it, got {value!r}")
+        return value
+
+
+class Rprop(_Spec):
+    """``torch.optim.Rprop``: each element's step size grows by ``etas[1]`` where the gradient kept
+    its sign, shrinks by ``etas[0]`` where it flipped (that gradient then counts as 0), clamped to
+    ``step_sizes``; ``p -= sign(g) * step_size``. Step sizes start at lr. No weight decay (torch's
+    has none)."""
+
+    kind: Literal["rprop"] = "rprop"
+    lr: float = 1e-2
+    etas: tuple[float, float] = (0.5, 1.2)
+    step_sizes: tuple[float, float] = (1e-6, 50.0)
+    maximize: bool = False
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        (minus, plus), (low, high) = self.etas, self.step_sizes
+        if not 0.0 < minus < 1.0 < plus:
+            raise ValueError(f"etas must be (etaminus, etaplus) with 0 < etaminus < 1 < etaplus, as torch.optim.Rprop "
+                             f"checks them, got {self.etas!r}")
+        if not 0.0 <= low <= high:
+            raise ValueError(f"step_sizes must be (min, max) with 0 <= min <= max, got {self.step_sizes!r} (torch "
+                             "takes any pair, and with min > max steps every element by max)")
+        return self
+
+
+class ASGD(_Spec):
+    """``torch.optim.ASGD``: ``g += wd*p``; ``p = p*(1 - lambd*eta) - eta*g``; the average ``ax``
+    of the params from step ``t0`` on (``ax = p`` before); ``eta = lr / (1 + lambd*lr*t)^alpha``."""
+
+    kind: Literal["asgd"] = "asgd"
+    lr: float = 1e-2
+    lambd: float = 1e-4
+    alpha: float = 0.75
+    t0: float = 1e6
+    weight_decay: float = 0.0
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+
+class Adafactor(_Spec):
+    """``torch.optim.Adafactor`` (T5's): the second moment of a param of two or more dims factored
+    into row and column statistics (state ``row_var``, ``col_var``; ``variance`` for 1-D params),
+    ``beta2 = 1 - t^beta2_decay``, the step ``max(eps2, rms(p)) * min(lr, 1/sqrt(t))`` with the
+    update's rms clipped to ``d``; ``eps = (eps1, eps2)``, eps1 None the param dtype's epsilon;
+    weight decay decoupled, ``p *= 1 - lr*wd``."""
+
+    kind: Literal["adafactor"] = "adafactor"
+    lr: float = 1e-2
+    beta2_decay: float = -0.8
+    eps: tuple[Optional[float], float] = (None, 1e-3)
+    d: float = 1.0
+    weight_decay: float = 0.0
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        if self.beta2_decay > 0:
+            raise ValueError(f"beta2_decay must be <= 0, as torch.optim.Adafactor checks it, got {self.beta2_decay!r}")
+        if self.d < 1:
+            raise ValueError(f"d (the update's clipping threshold) must be >= 1, as torch.optim.Adafactor checks it, "
+                             f"got {self.d!r}")
+        return self
+
+
 # every spec by its kind, in the order the docs and the CLI list them
-BY_KIND = {cls.model_fields["kind"].default: cls for cls in (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam)}
-OptimizerSpec = Annotated[Union[SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam], Field(discriminator="kind")]
+_SPECS = (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam, Adadelta, Rprop, ASGD, Adafactor)
+BY_KIND = {cls.model_fields["kind"].default: cls for cls in _SPECS}
+OptimizerSpec = Annotated[Union[SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam, Adadelta, Rprop, ASGD,
+                                Adafactor], Field(discriminator="kind")]
 _ADAPTER = TypeAdapter(OptimizerSpec)
 
 
-def from_dict(data: dict) -> SGD | Adam | AdamW | RMSprop | Adagrad | Adamax | NAdam | RAdam:
+def from_dict(data: dict) -> "OptimizerSpec":
     """The spec ``model_dump()`` wrote (``{"kind": "adam", ...}``) back as a spec object."""
     return _ADAPTER.validate_python(data)
 
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "OptimizerSpec", "from_dict"]
+__all__ = [*(cls.__name__ for cls in _SPECS), "OptimizerSpec", "from_dict"]
 
 
 def __getattr__(name: str):

@@ -138,12 +138,13 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
         grad_outputs = [*grad_outputs, *(Output(name, "touched") for name in flags)]
         set_outputs(gradients.graph, grad_outputs)
     # a param stepped only on some steps keeps its own state: out of the flat buffers
-    groups = flat.plan(base.graph, [p for p in params if p not in gated], decays) if fused else []
-    orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
+    per_param = optimizer["kind"] in optimizers.PER_PARAM  # Adafactor: by param, in the model's axis order
+    groups = flat.plan(base.graph, [p for p in params if p not in gated], decays) if fused and not per_param else []
+    orders = taps_params.store(step.graph, opset, {} if per_param else taps, grads)  # after gradients is cloned
     held = [replace(g, shapes=[tuple(s[i] for i in orders[p]) if p in orders else s for p, s in zip(g.params, g.shapes)])
             for g in groups]
 
-    slots = _slots(optimizer, {p: gradients.graph.initializers[p].dtype for p in params}, groups)
+    slots = _slots(optimizer, {p: gradients.graph.initializers[p] for p in params}, groups)
     param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p] for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
@@ -347,7 +348,7 @@ def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -
                 **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
     if momentum_scheduled(optimizer):
         reserved[MOMENTUM] = "the scheduled momentum (beta1), a train_step input"
-    reserved.update({n: "a scheduled momentum's running state, a train_step input" for n in running_state(optimizer)})
+    reserved.update({n: "the optimizer's running scalar state, a train_step input" for n in running_state(optimizer)})
     if optimizer.get("max_grad_norm") is not None:
         reserved[GRAD_NORM] = "the gradients' total norm, a train_step output"
     if loss.output != LOSS:
@@ -390,7 +391,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
         graph.inputs.extend((values[p.name], grads[p.name]))
     decays = param_selection.decays(list(values), no_decay, sources)
-    slots = _slots(optimizer, {p.name: p.dtype for p in params}, groups)
+    slots = _slots(optimizer, {p.name: p for p in params}, groups)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
                                 guarded_params.fed_guards(graph, gated, flagged))
@@ -401,11 +402,10 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     return model
 
 
-def _slots(optimizer: dict, dtypes: Mapping[str, ir.DataType],
-           groups: Sequence[flat.Group]) -> dict[str, tuple[str, ...]]:
-    """Each param's (``dtypes``: name -> dtype) and flat group's ``optimizers.state_slots``."""
-    return {name: optimizers.state_slots(optimizer, dtype)
-            for name, dtype in [*dtypes.items(), *((g.name, g.dtype) for g in groups)]}
+def _slots(optimizer: dict, params: Mapping[str, ir.Value], groups: Sequence[flat.Group]) -> dict[str, tuple[str, ...]]:
+    """Each param's (``params``: name -> its value) and flat group's ``optimizers.state_slots``."""
+    return {**{name: optimizers.state_slots(optimizer, p.dtype, len(p.shape)) for name, p in params.items()},
+            **{g.name: optimizers.state_slots(optimizer, g.dtype, 1) for g in groups}}
 
 
 def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
@@ -444,10 +444,9 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
                                                                     running_state(hyper))
     for name, param, grad, decay in updates:
         like = grad if name in groups_by_name else params[name]  # a flat group's gradient is typed by flat.concat
-        state = {}
-        for s in slots[name]:
-            state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
-            graph.inputs.append(state[s])
+        state = {s: ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype),
+                             shape=ir.Shape(optimizers.state_shape(hyper, s, like.shape))) for s in slots[name]}
+        graph.inputs.extend(state.values())
         own = gates.own_step(graph, ctx, name, (gated or {}).get(name))
         upd = optimizers.step(own.ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
         delta, shrink = gates.held_step(own.skip, upd.delta, upd.shrink)
@@ -455,7 +454,7 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
             new_params.update(flat.apply(views, groups_by_name[name], params, delta, shrink))
         else:
             new_params[name] = optimizers.apply(b, param, delta, shrink)
-        state_next += [Output(expose(graph, gates.kept(own.skip, state[s], upd.state[s]), f"{name}.{s}.next", like=like),
+        state_next += [Output(expose(graph, gates.kept(own.skip, state[s], upd.state[s]), f"{name}.{s}.next", like=state[s]),
                               "state", f"{name}.{s}") for s in slots[name]]
         state_next += [Output(expose(graph, value, f"{n}.next", like=old), "state", n) for n, old, value in own.next()]
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]

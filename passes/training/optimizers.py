@@ -36,6 +36,8 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   ``rho_inf = 2/(1-b2) - 1``; ``p = p - lr/(1-b1^t) * exp_avg * r_t*sqrt(1-b2^t)/(sqrt(exp_avg_sq) + eps)``
   when ``rho_t > 5``, ``r_t = sqrt((rho_t-4)(rho_t-2)rho_inf / ((rho_inf-4)(rho_inf-2)rho_t))``, else
   ``p = p - lr/(1-b1^t) * exp_avg``.
+* Adadelta, Rprop and ASGD: ``adadelta_rprop_asgd``; Adafactor, whose step is not elementwise:
+  ``adafactor``.
 * ``maximize`` (each kind): the gradient negated first, as PyTorch does.
 
 Step-dependent scalars (bias corrections, Adagrad's decayed lr, NAdam's and RAdam's factors) are
@@ -45,27 +47,38 @@ param's dtype. float16 and bfloat16 params of the adaptive kinds (all but SGD) s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
-from graphc.passes.training import adam_moments, nadam_momentum
+from graphc.passes.training import adafactor, adam_moments, nadam_momentum
+from graphc.passes.training.adadelta_rprop_asgd import adadelta, asgd, rprop
 from graphc.passes.training.scheduled import MU_PRODUCT, buffer_exists, momentum64, momentum_as, momentum_scheduled, \
     unless_zero
+from graphc.passes.training.update_step import Step, StepContext, lerp as _lerp, prologue as _prologue, \
+    shrink as _shrink
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "rmsprop": ("square_avg",), "adagrad": ("sum",),
                "adamax": ("exp_avg", "exp_inf"), "nadam": ("exp_avg", "exp_avg_sq"),
-               "radam": ("exp_avg", "exp_avg_sq")}  # Adam's and AdamW's: ``adam_moments.slots``
+               "radam": ("exp_avg", "exp_avg_sq"), "adadelta": ("square_avg", "acc_delta"),
+               "rprop": ("prev", "step_size"), "asgd": ("ax",)}  # Adam's and AdamW's: ``adam_moments.slots``
+# kinds whose step reads the param whatever the weight decay (Adafactor its norm, ASGD its average)
+READS_PARAM = ("adafactor", "asgd")
+# kinds whose step is not elementwise (Adafactor: norms of each param and its update, row and column
+# statistics): stepped one param at a time, each held in the model's axis order
+PER_PARAM = ("adafactor",)
 
 
-def state_slots(optimizer: dict, dtype: ir.DataType | None = None) -> tuple[str, ...]:
+def state_slots(optimizer: dict, dtype: ir.DataType | None = None, rank: int | None = None) -> tuple[str, ...]:
     """Per-param state slot names (``<param>.<slot>``, named after PyTorch's ``optimizer.state``
     keys) of an optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``) for params of
-    ``dtype`` (None: float32; Adam's second moment is a sum but for float16 and bfloat16 params);
-    the one definition (``gc.optim`` specs' ``state_slots`` read it)."""
+    ``dtype`` (None: float32; Adam's second moment is a sum but for float16 and bfloat16 params)
+    and ``rank`` (Adafactor's: ``row_var`` and ``col_var`` of two or more dims, else ``variance``;
+    None: all three); the one definition (``gc.optim`` specs' ``state_slots`` read it)."""
+    if optimizer["kind"] == "adafactor":
+        return adafactor.slots(rank)
     if optimizer["kind"] in ("adam", "adamw"):
         return adam_moments.slots(*adam_moments.forms(optimizer, dtype), bool(optimizer.get("amsgrad")))
     with_momentum = bool(optimizer.get("momentum")) or momentum_scheduled(optimizer)
@@ -79,10 +92,18 @@ def state_slots(optimizer: dict, dtype: ir.DataType | None = None) -> tuple[str,
 
 
 def initial_state(optimizer: dict, slot: str, like: np.ndarray) -> np.ndarray:
-    """A param's state slot before the first step, shaped and typed ``like`` the param: zeros but
-    for Adagrad's ``sum``, ``initial_accumulator_value`` (as torch.optim starts them)."""
-    fill = optimizer.get("initial_accumulator_value", 0.0) if optimizer["kind"] == "adagrad" else 0.0
-    return np.full_like(like, fill)
+    """A param's state slot before the first step, typed ``like`` the param and shaped as it
+    (``state_shape``): zeros but for Adagrad's ``sum``, ``initial_accumulator_value``, and
+    Rprop's ``step_size``, the lr (as torch.optim starts them)."""
+    fill = {"adagrad": optimizer.get("initial_accumulator_value", 0.0),
+            "rprop": optimizer.get("lr", 1e-2) if slot == "step_size" else 0.0}.get(optimizer["kind"], 0.0)
+    return np.full(state_shape(optimizer, slot, like.shape), fill, dtype=like.dtype)
+
+
+def state_shape(optimizer: dict, slot: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of state ``slot`` of a param of ``shape``: the param's, but for Adafactor's row
+    and column statistics (``adafactor.state_shape``)."""
+    return adafactor.state_shape(slot, shape) if optimizer["kind"] == "adafactor" else tuple(shape)
 
 
 def lr_dtype(param_dtypes: Iterable[ir.DataType]) -> ir.DataType:
@@ -93,52 +114,11 @@ def lr_dtype(param_dtypes: Iterable[ir.DataType]) -> ir.DataType:
     return ir.DataType.DOUBLE if ir.DataType.DOUBLE in set(param_dtypes) else ir.DataType.FLOAT
 
 
-@dataclass
-class StepContext:
-    """Values shared by every param's update: lr (a float32 or float64 scalar, ``lr_dtype``), the
-    step number ``t`` after this step (int64 scalar), a scheduled momentum and its running state
-    (``scheduled``), and per-dtype casts and other scalars of them, computed once (``cached``)."""
-
-    b: Emitter
-    lr: ir.Value
-    t: ir.Value
-    momentum: ir.Value | None = None  # float64 scalar input where the spec schedules it, else None
-    running: dict[str, ir.Value] = field(default_factory=dict)  # ``scheduled.running_state``'s inputs
-    running_next: dict[str, ir.Value] = field(default_factory=dict)  # their next values, set by the steps
-    _cache: dict = field(default_factory=dict)
-
-    def lr_as(self, like: ir.Value) -> ir.Value:
-        return self._cast("lr", self.lr, like.dtype)
-
-    def _cast(self, key: str, value: ir.Value, dtype: ir.DataType) -> ir.Value:
-        if value.dtype == dtype:
-            return value
-        if (key, dtype) not in self._cache:
-            self._cache[key, dtype] = self.b.op("Cast", value, to=dtype, dtype=dtype)
-        return self._cache[key, dtype]
-
-    def cached(self, key, make):
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
-
-
-@dataclass
-class Step:
-    """One update of a param: ``new = param * shrink - delta`` (``param - delta`` when ``shrink``
-    is None: no decoupled decay), and the optimizer state's next values. ``delta`` has the
-    gradient's shape, so a flat group's step can be split and applied to each param as it is."""
-
-    delta: ir.Value
-    shrink: ir.Value | None
-    state: dict[str, ir.Value]
-
-
 def needs_param(hyper: dict) -> bool:
     """Does the step read the param itself (L2 weight decay adds ``wd * param`` to the gradient)?
     ``hyper``: the optimizer spec as JSON, its ``kind`` included."""
-    return (hyper["kind"] in ("sgd", "adam", *ADAPTIVE) and bool(hyper.get("weight_decay"))
-            and not hyper.get("decoupled_weight_decay"))
+    return hyper["kind"] in READS_PARAM or (hyper["kind"] in ("sgd", "adam", *ADAPTIVE) and bool(
+        hyper.get("weight_decay")) and not hyper.get("decoupled_weight_decay"))
 
 
 def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Value],
@@ -160,6 +140,8 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
         fn, keys = ADAPTIVE[kind]
         options = _only(hyper, *keys, "weight_decay", "maximize")
         dtype = (param if param is not None else grad).dtype
+        if kind == "adafactor":  # eps1 None: the param dtype's epsilon, not float32's of a half param's step
+            options["eps"] = adafactor.eps_for(options.get("eps", (None, 1e-3)), dtype)
         if dtype in HALF_DTYPES:
             return _in_float32(ctx, dtype, param, grad, state, step_fn=fn, **options)
         return fn(ctx, param, grad, state, **options)
@@ -292,13 +274,6 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     return Step(delta, shrink, new_state)
 
 
-def _shrink(ctx: StepContext, like: ir.Value, weight_decay: float) -> ir.Value:
-    """Decoupled weight decay's ``1 - lr*wd`` (``param * shrink`` in ``apply``)."""
-    b = ctx.b
-    return ctx.cached(("shrink", like.dtype, weight_decay), lambda: b.op(
-        "Sub", b.scalar(1.0, like), b.op("Mul", ctx.lr_as(like), b.scalar(weight_decay, like))))
-
-
 def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: float, eps: float,
                       first_moment: str, second_moment: str):
     """``lr / (1 - b1^t) * sqrt(1 - b2^t)`` and ``eps * sqrt(1 - b2^t)``: the step's scalar
@@ -318,23 +293,6 @@ def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: flo
     scale = b.op("Mul", b.op("Div", lr64, bc1), bc2_sqrt)
     eps_scaled = b.op("Mul", b.const(eps, np.float64), bc2_sqrt)
     return b.from_float64(scale, like), b.from_float64(eps_scaled, like)
-
-
-def _prologue(ctx: StepContext, param, grad, weight_decay: float, maximize: bool):
-    """``like`` (the typed value: a per-param gradient may not be), the constant maker and the
-    gradient as the adaptive kinds step it: negated with ``maximize``, ``+ wd*param`` (L2)."""
-    like = param if param is not None else grad
-    b, c = ctx.b, lambda v: ctx.b.scalar(v, like)
-    if maximize:
-        grad = b.op("Neg", grad)
-    if weight_decay:
-        grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
-    return like, c, grad
-
-
-def _lerp(b: Emitter, avg: ir.Value, grad: ir.Value, weight: ir.Value) -> ir.Value:
-    """``avg + weight*(grad - avg)``: torch's ``avg.lerp_(grad, weight)`` (for weight < 0.5)."""
-    return b.op("Add", avg, b.op("Mul", b.op("Sub", grad, avg), weight))
 
 
 def rmsprop(ctx: StepContext, param, grad, state, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
@@ -464,4 +422,8 @@ ADAPTIVE = {"rmsprop": (rmsprop, ("alpha", "eps", "momentum", "centered")),
             "adagrad": (adagrad, ("lr_decay", "eps")),
             "adamax": (adamax, ("betas", "eps")),
             "nadam": (nadam, ("betas", "eps", "momentum_decay", "decoupled_weight_decay")),
-            "radam": (radam, ("betas", "eps", "decoupled_weight_decay"))}
+            "radam": (radam, ("betas", "eps", "decoupled_weight_decay")),
+            "adadelta": (adadelta, ("rho", "eps")),
+            "rprop": (rprop, ("etas", "step_sizes")),
+            "asgd": (asgd, ("lambd", "alpha", "t0")),
+            "adafactor": (adafactor.step, ("beta2_decay", "eps", "d"))}

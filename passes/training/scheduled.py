@@ -12,6 +12,7 @@ MOMENTUM = "momentum"  # the train_step input of a scheduled momentum (``schedul
 SCHEDULABLE = (MOMENTUM,)
 MU_PRODUCT = "mu_product"  # NAdam's running product of mu_t, torch's per-param key
 MOMENTUM_STEPS = "momentum_steps"  # SGD's steps with a nonzero momentum: torch's buffer exists from the first
+ASGD_ETA, ASGD_MU = "eta", "mu"  # ASGD's step size and averaging factor, torch's per-param keys
 
 
 def momentum_scheduled(optimizer: dict) -> bool:
@@ -26,10 +27,13 @@ def scheduled_inputs(optimizer: dict) -> dict[str, np.ndarray]:
 
 
 def running_state(optimizer: dict) -> dict[str, np.ndarray]:
-    """The scalar state the graphs of a scheduled momentum keep beside the step, with its start:
+    """The scalar state the graphs keep beside the step, with its start: ASGD's ``eta`` and ``mu``
+    (float64, torch's starts lr and 1.0; ``adadelta_rprop_asgd.asgd``); with a scheduled momentum
     NAdam's ``mu_product`` (float64 1.0, torch's start; each step multiplies it by that step's
     mu_t, of that step's beta1), and with dampening SGD's ``momentum_steps`` (int64 0: torch
     creates the buffer undamped at the first step whose momentum is not 0). Else nothing."""
+    if optimizer["kind"] == "asgd":
+        return {ASGD_ETA: np.array(optimizer.get("lr", 1e-2), np.float64), ASGD_MU: np.array(1.0, np.float64)}
     if not momentum_scheduled(optimizer):
         return {}
     if optimizer["kind"] == "nadam":
