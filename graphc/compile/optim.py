@@ -61,7 +61,7 @@ class _Spec(BaseModel):
         name, field = cls.__name__, info.field_name
         if field == "betas" and not all(0.0 <= b < 1.0 for b in value):
             raise ValueError(f"betas must each lie in [0, 1), as torch.optim.{name} checks them, got {value!r}")
-        if isinstance(value, tuple) and field != "betas":  # Adafactor's eps, Rprop's etas and step_sizes
+        if field in ("eps", "etas", "step_sizes") and isinstance(value, tuple):  # Adafactor's eps, Rprop's pairs
             return _each_finite(cls, field, value)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{field} must be a finite number for {name}, got {value!r}: graphc refuses inf and NaN, "
@@ -322,7 +322,7 @@ class Adafactor(_Spec):
         if self.beta2_decay > 0:
             raise ValueError(f"beta2_decay must be <= 0, as torch.optim.Adafactor checks it, got {self.beta2_decay!r}")
         if self.d < 1:
-            raise ValueError(f"d (the update's clipping threshold) must be >= 1, as torch.optim.Adafactor checks it, "
+            raise ValueError(f"d must be >= 1 (the update's clipping threshold), as torch.optim.Adafactor checks it, "
                              f"got {self.d!r}")
         return self
 
