@@ -27,6 +27,8 @@ def _spec_defaults(field: str) -> str:
     """The optimizers' default for ``field``, for help texts, as the option takes it (``betas``:
     ``0.9,0.999``): ``0.001`` when they agree, else ``sgd 0, adam 0, adamw 0.01``."""
     def shown(value) -> str:
+        if value is None:  # Adafactor's eps1
+            return "none"
         return ",".join(map(shown, value)) if isinstance(value, tuple) else f"{value:g}"
 
     values = {kind: shown(cls.model_fields[field].default) for kind, cls in _optimizer_specs().items()
@@ -107,8 +109,9 @@ def grad_cmd(
     loss: str = typer.Option(..., "--loss", metavar="KIND:OUTPUT[:LABEL]",
                              help=f"The loss on a model output, e.g. cross_entropy:logits:y; KIND is one of "
                              f"{', '.join(LOSS_KINDS)}; LABEL names the new label input (default: label)."),
-    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw|rmsprop|adagrad|adamax|nadam|radam",
-                                  help="The optimizer."),
+    optimizer: str = typer.Option("sgd", "--optimizer", metavar="KIND",
+                                  help="The optimizer: sgd, adam, adamw, rmsprop, adagrad, adamax, nadam, radam, "
+                                  "adadelta, rprop, asgd or adafactor."),
     lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
     momentum: Optional[float] = typer.Option(None, "--momentum",
                                              help=f"SGD/RMSprop momentum (default: {_spec_defaults('momentum')})."),
@@ -120,9 +123,26 @@ def grad_cmd(
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
     betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax/NAdam/RAdam's "
                                         f"coefficients of the running averages (default: {_spec_defaults('betas')})."),
-    eps: Optional[float] = typer.Option(None, "--eps", help=f"The denominator term of the adaptive optimizers "
-                                        f"(default: {_spec_defaults('eps')})."),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help=f"RMSprop's smoothing constant (default: {_spec_defaults('alpha')})."),
+    eps: Optional[str] = typer.Option(None, "--eps", metavar="E|E1,E2", help="The denominator term of the adaptive "
+                                      "optimizers; adafactor's two, E1,E2 (E1 none: the param dtype's epsilon) "
+                                      f"(default: {_spec_defaults('eps')})."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="RMSprop's smoothing constant; ASGD's power of eta's "
+                                          f"decay (default: {_spec_defaults('alpha')})."),
+    rho: Optional[float] = typer.Option(None, "--rho", help="Adadelta's coefficient of the running averages "
+                                        f"(default: {_spec_defaults('rho')})."),
+    etas: Optional[str] = typer.Option(None, "--etas", metavar="MINUS,PLUS", help="Rprop's factors of an element's "
+                                       "step size where its gradient flips sign and where it keeps it (default: "
+                                       f"{_spec_defaults('etas')})."),
+    step_sizes: Optional[str] = typer.Option(None, "--step-sizes", metavar="MIN,MAX", help="Rprop's bounds of the "
+                                             f"step sizes (default: {_spec_defaults('step_sizes')})."),
+    lambd: Optional[float] = typer.Option(None, "--lambd", help="ASGD's decay term: eta = lr / (1 + lambd*lr*t)^alpha "
+                                          f"(default: {_spec_defaults('lambd')})."),
+    t0: Optional[float] = typer.Option(None, "--t0", help="ASGD's step from which it averages the params "
+                                       f"(default: {_spec_defaults('t0')})."),
+    beta2_decay: Optional[float] = typer.Option(None, "--beta2-decay", help="Adafactor's decay of the second moment's "
+                                                f"weight, 1 - t^beta2_decay (default: {_spec_defaults('beta2_decay')})."),
+    d: Optional[float] = typer.Option(None, "--d", help="Adafactor's clipping threshold of the update's rms "
+                                      f"(default: {_spec_defaults('d')})."),
     centered: bool = typer.Option(False, "--centered", help="Centered RMSprop: divide by the gradient's running "
                                   "variance (one more state slot, grad_avg)."),
     lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="Adagrad's lr decay: step t takes "
@@ -191,10 +211,13 @@ def grad_cmd(
         raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
                          "--max-grad-norm too")
     spec = parse_loss(loss, class_weights)
-    opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
+    opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None,
+                         betas=_pair("--betas", betas, "B1,B2", "0.9,0.999"), eps=_eps(eps, optimizer),
                          dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None, alpha=alpha,
                          centered=centered or None, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                          momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay or None,
+                         rho=rho, etas=_pair("--etas", etas, "MINUS,PLUS", "0.5,1.2"), lambd=lambd, t0=t0, d=d,
+                         step_sizes=_pair("--step-sizes", step_sizes, "MIN,MAX", "1e-6,50"), beta2_decay=beta2_decay,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     loaded = gc.load(model)
@@ -272,15 +295,31 @@ def _setting(key: str, value) -> str:
     return f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
 
 
-def _betas(text: Optional[str]) -> Optional[tuple[float, float]]:
-    """``--betas 0.9,0.99`` as two numbers (the spec checks their range)."""
+def _pair(option: str, text: Optional[str], metavar: str, example: str) -> Optional[tuple[float, float]]:
+    """``--betas 0.9,0.99`` (``--etas``, ``--step-sizes``) as two numbers (the spec checks their range)."""
     if text is None:
         return None
     try:
         first, second = (float(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--betas must be two numbers B1,B2, e.g. 0.9,0.999, got {text!r}") from None
+        raise ValueError(f"{option} must be two numbers {metavar}, e.g. {example}, got {text!r}") from None
     return first, second
+
+
+def _eps(text: Optional[str], kind: str) -> Optional[float | tuple[Optional[float], float]]:
+    """``--eps``: one number, or adafactor's two, ``E1,E2`` (E1 ``none``: the param dtype's epsilon)."""
+    if text is None:
+        return None
+    pair, parts = kind == "adafactor", text.split(",")
+    if len(parts) != (2 if pair else 1):
+        raise ValueError(f"--eps: adafactor takes two numbers E1,E2 (E1 may be none: the param dtype's epsilon), "
+                         f"e.g. none,1e-3, got {text!r}" if pair else f"--eps: {kind} takes one number, got {text!r}")
+    try:
+        values = tuple(None if pair and i == 0 and part.strip() == "none" else float(part)
+                       for i, part in enumerate(parts))
+    except ValueError:
+        raise ValueError(f"--eps must be numbers (E1 of adafactor's may be none), got {text!r}") from None
+    return values if pair else values[0]
 
 
 def _norm_type(text: Optional[str]) -> Optional[float | str]:
