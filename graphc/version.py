@@ -1,3 +1,5 @@
-"""The version of graphc (its own module, so code below the public front can read it)."""
+"""The version of graphc and the producer name its captured models record (its own module, so code
+below the public front can read them)."""
 
 __version__ = "0.1.0"
+PRODUCER = "graphc"

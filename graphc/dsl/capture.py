@@ -21,7 +21,7 @@ from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
 from graphc.model import BUFFERS_KEY, Model
 from graphc.nn.module import Module
-from graphc.version import __version__
+from graphc.version import PRODUCER, __version__
 
 def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
     if isinstance(value, TensorSpec):
@@ -125,7 +125,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
     renorm.drop_unread(graph, builder.write_backs)
-    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)
+    model = ir.Model(graph, ir_version=10, producer_name=PRODUCER, producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:
         model.metadata_props[BUFFERS_KEY] = ",".join(builder.buffers)

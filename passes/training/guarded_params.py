@@ -15,18 +15,19 @@ momentum buffer). Data-parallel workers' gradients graph outputs each flag
 (``expose_touched``) and their update takes the workers' OR as an input (``fed_guards``), as DDP
 with ``find_unused_parameters`` gives a param a gradient on every rank when any rank read it.
 
-Liveness runs backward from the loss, through no ``gc.detach`` Identity; a param read by a live
-node of the main graph counts as always read (its update as before). One read through main-graph
-nodes whose outputs only guarded bodies read (a transpose or Cast before the branch) is guarded
-by those bodies, as torch's backward never reaches it either. A Loop or Scan body is walked the
-same way: a param read there only under nested control flow (an If in the body) is touched
-where some iteration ran it, a flag the body outputs per iteration (a scan output, summed after
-the loop). A read's condition is the AND of its node's own with the conditions under which that
-node is read (an If inside an If's branch: the inner condition, which the outer If outputs from
-that branch, false from the other; an If whose output both branches of a later If read: its own
-condition), ORed over the paths by which the loss reaches it, an If's two branches merging
-(``c and f or c and not f`` is ``c``, so a constant-trip loop unrolled into a chain of Ifs gates
-a param by the Ifs that read it, not by 2^n paths). A body that never runs (an If branch its
+Liveness runs backward from the loss through float values only (an integer or bool one, an
+argmax or a comparison, carries no gradient, as in torch) and through no ``gc.detach`` Identity;
+a param read by a live node of the main graph counts as always read (its update as before). One
+read through main-graph nodes whose outputs only guarded bodies read (a transpose or Cast before
+the branch) is guarded by those bodies, as torch's backward never reaches it either. A Loop or
+Scan body is walked the same way: a param read there only under nested control flow (an If in
+the body) is touched where some iteration ran it, a flag the body outputs per iteration (a scan
+output, summed after the loop). A read's condition is the AND of its node's own with the
+conditions under which that node is read (an If inside an If's branch: the inner condition, which
+the outer If outputs from that branch, false from the other; an If whose output both branches of
+a later If read: its own condition), ORed over the paths by which the loss reaches it, an If's
+two branches merging (``c and f or c and not f`` is ``c``, so a constant-trip loop unrolled into a
+chain of Ifs gates a param by the Ifs that read it, not by 2^n paths). A body that never runs (an If branch its
 constant condition never takes, a Loop of 0 trips, a Scan of length 0) reads nothing: a param read
 only there is ``never_read``, and training leaves it out (torch's grad is None on every step).
 """
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import onnx_ir as ir
 
+from graphc.passes.autodiff.builder import is_float
 from graphc.passes.emit import Emitter
 from graphc.passes.training import loss_scaling
 from graphc.passes.training.graph_outputs import expose, input_with_default
@@ -74,8 +76,8 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
 def never_read(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> list[str]:
     """Those of ``params`` (initializers of ``graph``) that no step reads with a gradient: read only
     inside bodies that never run (an If branch its constant condition never takes, a Loop of 0 trips
-    or a constant false condition, a Scan of length 0) or, there, only through ``gc.detach``; torch
-    gives them ``grad = None`` on every step."""
+    or a constant false condition, a Scan of length 0) or, there, only through ``gc.detach`` or an
+    integer or bool value (an argmax, a comparison); torch gives them ``grad = None`` on every step."""
     need = _needs(graph, {loss: ALWAYS})
     return [p for p in params if not need.get(graph.initializers[p])]
 
@@ -89,7 +91,7 @@ def _needs(graph: ir.Graph, need: dict[ir.Value, Dnf]) -> dict[ir.Value, Dnf]:
         if stops_gradient(node) or not wanted:
             continue
         for v, when in _node_reads(node, need, wanted):
-            if v is not None:
+            if v is not None and is_float(v):
                 need[v] = _any((need.get(v, NEVER), when))
     return need
 
@@ -135,7 +137,8 @@ def _loop_reads(node: ir.Node, need: dict[ir.Value, Dnf], wanted: Dnf) -> Iterab
         carried, skip = len(node.inputs) - node.attributes["num_scan_inputs"].as_int(), 0
     fed = {v: node.inputs[i] for i, v in enumerate(body.inputs) if i >= skip}
     never = _static((node.op_type.lower(), node)) is False  # 0 trips or a length-0 scan: the body reads nothing
-    for v, when in ({} if never else _needs(body, dict.fromkeys(body.outputs, ALWAYS))).items():
+    reads = {} if never else _needs(body, dict.fromkeys(filter(is_float, body.outputs), ALWAYS))
+    for v, when in reads.items():
         if v in fed or (v not in body.inputs and _outside(v, body)):
             yield fed.get(v, v), _any(_lift(wanted, _iterating(node, c)) for c in when)
     for k in range(carried):  # no iterations: the carried input is the output
@@ -207,11 +210,11 @@ def _outside(value: ir.Value, body: ir.Graph) -> bool:
 def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool = False) -> set[ir.Value]:
     """The values from outside ``body`` (and, with ``keep_inputs``, its own inputs) that its
     nodes computing ``outputs`` read with a gradient; nested bodies count whole."""
-    live = set(outputs)
+    live = set(filter(is_float, outputs))
     for node in reversed(list(body)):
         if stops_gradient(node) or not any(o in live for o in node.outputs):
             continue
-        live.update(v for v in node.inputs if v is not None)
+        live.update(v for v in node.inputs if v is not None and is_float(v))
         for inner in subgraphs(node):
             live |= _outer_reads(inner, inner.outputs, keep_inputs=True) - set(inner.inputs)
     own = set(body.inputs) if not keep_inputs else set()

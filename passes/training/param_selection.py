@@ -15,12 +15,17 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from graphc.errors import PassError, first_few
+from graphc.passes.autodiff.builder import is_float
 from graphc.passes.autodiff.core import node_inputs
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.training import export_records, guarded_params, imports
 from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.training.loss_graph import LOSS
 from graphc.passes.values import stops_gradient
+from graphc.version import PRODUCER
+
+# what cuts a param off from the loss's gradient, as the warnings say it
+_STOPS = "gc.detach (an exporter's detach) or an integer or bool value (an argmax, a comparison)"
 
 
 class Selection(NamedTuple):
@@ -66,24 +71,26 @@ def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params, 
         constants = {n: why for n, why in constants.items() if n not in chosen}
         forced = chosen
     trainable = [n for n in trainable if n not in frozen]
-    # a param the loss never reads (or reads only through gc.detach) has no gradient: as
-    # torch.optim skips a param whose grad is None, it gets no step and no weight decay (it stays in ``frozen``)
+    # a param the loss never reads (or reads only through gc.detach or an integer or bool value) has no gradient:
+    # as torch.optim skips a param whose grad is None, it gets no step and no weight decay (it stays in ``frozen``)
     used = loss_inputs(graph)
     unread = [n for n in trainable if graph.initializers[n] not in used]
-    if any(n in forced for n in unread):
-        warnings.warn(f"params {unread} do not reach the loss (or only through gc.detach): they have no gradient and "
+    # an imported graph's stop-gradients are the exporter's, not the user's code: name the params they cut off
+    reached = set() if model.producer_name == PRODUCER else loss_inputs(graph, differentiable=False)
+    cut = unread if any(n in forced for n in unread) else [n for n in unread if graph.initializers[n] in reached]
+    if cut:
+        warnings.warn(f"params {cut} do not reach the loss (or only through {_STOPS}): they have no gradient and "
                       "are not updated (no step, no weight decay, as torch.optim skips a param whose grad is None); "
-                      "manifest.frozen lists them",
-                      UserWarning, stacklevel=4)
+                      "manifest.frozen lists them", UserWarning, stacklevel=4)
     trainable = [n for n in trainable if n not in unread]
     # read only inside control flow no step runs (a constant-false gc.cond branch, a loop of 0 trips): the
     # same, but a graph that reads a param there was meant to train it, so say so whether named or not
     idle = guarded_params.never_read(graph, by_name(graph, LOSS), trainable)
     if idle:
         warnings.warn(f"params {idle} are read only inside control flow that never runs (an If branch its constant "
-                      "condition never takes, a Loop of 0 trips, a Scan of length 0) or there only through gc.detach: "
-                      "they have no gradient on any step and are not updated, as torch.optim skips a param whose "
-                      "grad is None; manifest.frozen lists them", UserWarning, stacklevel=4)
+                      "condition never takes, a Loop of 0 trips, a Scan of length 0) or, where it runs, only through "
+                      f"{_STOPS}: they have no gradient on any step and are not updated, as torch.optim skips a "
+                      "param whose grad is None; manifest.frozen lists them", UserWarning, stacklevel=4)
     trainable = [n for n in trainable if n not in idle]
     if not trainable:
         raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
@@ -149,12 +156,14 @@ def matching(patterns: Iterable[str], candidates: Sequence[str], option: str,
     return [n for n in candidates if any(n in names for names in picked.values())]
 
 
-def loss_inputs(graph: ir.Graph) -> set[ir.Value]:
-    """The values the loss reads differentiably: not through a ``gc.detach`` (``stops_gradient``)."""
+def loss_inputs(graph: ir.Graph, differentiable: bool = True) -> set[ir.Value]:
+    """The values the loss reads; ``differentiable``: only those it reads with a gradient, float
+    ones (``is_float``: an integer or bool value, an argmax or a comparison, carries none, as in
+    torch) not through a ``gc.detach`` (``stops_gradient``)."""
     needed = {by_name(graph, LOSS)}
     for node in reversed(list(graph)):
-        if not stops_gradient(node) and any(v in needed for v in node.outputs):
-            needed.update(node_inputs(node))
+        if not (differentiable and stops_gradient(node)) and any(v in needed for v in node.outputs):
+            needed.update(v for v in node_inputs(node) if is_float(v) or not differentiable)
     return needed
 
 
