@@ -23,8 +23,9 @@ OPTIMIZERS = {  # lrs and decays exact in float32
     "adam": ("Adam", {"lr": 0.0625, "weight_decay": 0.125}),
     "adamw": ("AdamW", {"lr": 0.0625, "weight_decay": 0.125}),
 }
-# how the loss reads ``other``: through no gradient, except "round" (torch's zero gradient: a step)
+# how the loss reads ``other``: through no gradient, except "round" (torch's zero gradient: a step) and "plain"
 READS = {
+    "plain": lambda h, o: h + o,
     "argmax": lambda h, o: h.gather(1, o.argmax(1, keepdim=True)),
     "compare": lambda h, o: h * (o > 0).double() if isinstance(h, torch.Tensor) else h * (o > 0).astype("float64"),
     "int_cast": lambda h, o: h + (o * 4).long().double() if isinstance(h, torch.Tensor)
@@ -80,13 +81,16 @@ def _own_loss(twin, batch):
     return twin(torch.from_numpy(batch["x"]))
 
 
-def _check_as_torch(arts, twin, opt, backend, batches, loss=_own_loss):
+def _check_as_torch(arts, twin, opt, backend, batches, loss=_own_loss, groups=None, lr=None):
     """A step of ``arts`` and of ``twin`` (``loss(twin, batch)``) with ``opt`` per batch: params and
     optimizer state within 1e-12 of torch's after each; a param torch skips has no state in either
-    and never moves."""
+    and never moves. ``groups``: torch's param groups (default all params), ``lr``: the trainer's."""
     kind, kw = OPTIMIZERS[opt]
-    spec, topt = getattr(gc.optim, kind)(**kw), getattr(torch.optim, kind)(twin.parameters(), **kw)
+    spec = getattr(gc.optim, kind)(**kw)
+    topt = getattr(torch.optim, kind)(twin.parameters() if groups is None else groups, **kw)
     trainer = gc.Trainer(arts, backend=backend)
+    if lr is not None:
+        trainer.lr = lr
     start = {k: v.detach().clone().numpy() for k, v in twin.named_parameters()}
     for step, batch in enumerate(batches):
         trainer.step(batch)
@@ -115,7 +119,7 @@ def test_a_param_read_only_without_a_gradient_trains_as_torch(kind, opt, in_cond
         warnings.simplefilter("always")
         arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 4))), "output",
                                     getattr(gc.optim, OPTIMIZERS[opt][0])(**OPTIMIZERS[opt][1]))
-    skipped = [] if kind == "round" else ["other.weight", "other.bias"]
+    skipped = [] if kind in ("round", "plain") else ["other.weight", "other.bias"]
     assert arts.manifest.frozen == skipped
     said = [str(w.message) for w in caught if "where it runs, only through" in str(w.message)]
     assert len(said) == (in_cond and bool(skipped)), said  # a body's stop-gradient is named, the main graph's is code
@@ -176,3 +180,35 @@ def test_an_exported_param_read_under_no_grad_cannot_be_told_and_trains(tmp_path
     assert arts.manifest.trainable == ["fc.weight", "fc.bias", "other.weight", "other.bias"]
     arts = gc.training.generate(model, gc.losses.mse("y", label="t"), gc.optim.SGD(0.1), frozen=["other.*"])
     assert arts.manifest.frozen == ["other.weight", "other.bias"]
+
+
+GROUPS = {  # torch's param groups -> generate's options and the trainer's lr
+    "omitted": (lambda fc, other: [{"params": fc}], {"frozen": ["other.*"]}, {}, None),
+    "no_decay": (lambda fc, other: [{"params": fc}, {"params": other, "weight_decay": 0.0}], {},
+                 {"no_decay": ["other.*"]}, None),
+    "lr_0": (lambda fc, other: [{"params": fc + other, "lr": 0.0}], {}, {}, 0.0),
+}
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_param_groups_torch_leaves_out_or_excludes_train_as_torch(group, opt):
+    """A param torch's groups omit stays as it is (no state); a group of weight decay 0 or lr 0 steps as torch's."""
+    make, generate_options, spec_options, lr = GROUPS[group]
+    net = Net("plain")
+    kind, kw = OPTIMIZERS[opt]
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 4))), "output",
+                                getattr(gc.optim, kind)(**kw, **spec_options), **generate_options)
+    for backend in BACKENDS:
+        twin = Twin("plain", net.state_dict())
+        groups = make([twin.fc.weight, twin.fc.bias], [twin.other.weight, twin.other.bias])
+        _check_as_torch(arts, twin, opt, backend, _batches(), groups=groups, lr=lr)
+
+
+@pytest.mark.parametrize("params", [[np.zeros(2)], [{"params": [], "weight_decay": 0.0}], iter([])],
+                         ids=["list", "groups", "iterator"])
+def test_an_optimizer_given_torch_params_says_where_to_leave_params_out(params):
+    """torch's ``AdamW(params, ...)`` ported as is: the spec holds no params (it was pydantic's "lr:
+    Input should be a valid number")."""
+    with pytest.raises(TypeError, match=r"AdamW takes no params \(got \w+ where lr goes\).*frozen=.*no_decay="):
+        gc.optim.AdamW(params, weight_decay=0.1)

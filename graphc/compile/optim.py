@@ -15,6 +15,7 @@ A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
@@ -41,6 +42,10 @@ class _Spec(BaseModel):
 
     def __init__(self, lr: float | None = None, /, **kwargs):
         # ``SGD(0.1)`` like ``torch.optim.SGD(params, 0.1)``: lr may be positional.
+        if isinstance(lr, (list, tuple, set, dict, Iterator)):  # torch's params: a list, groups, model.parameters()
+            raise TypeError(f"gc.optim.{type(self).__name__} takes no params (got {type(lr).__name__} where lr goes): "
+                            "it trains every param that reaches the loss; name those to leave out in "
+                            "gc.training.generate(frozen=...) and those without weight decay in no_decay=")
         if lr is not None:
             kwargs["lr"] = lr
         if isinstance(kwargs.get("no_decay"), str):  # one pattern, as generate's frozen takes one name
