@@ -3,7 +3,8 @@ one process with ``accumulate=k`` and a torch 2.13 accumulation loop, float64, n
 the loopback Ray cluster the data-parallel modules share: AdamW with clipping, k=2 and 3 over 7
 loader batches a epoch (the last of 2 rows, the last group partial), one combine of the workers'
 gradients per optimizer step, a mid-epoch resume, and what stays refused; at k=2 BatchNorm's running
-statistics, loss scaling, Dropout seeding, ignored micro-batches and shards, ort-cpu and a killed worker."""
+statistics, loss scaling, Dropout seeding, ignored micro-batches and shards, ort-cpu, a killed worker and
+one killed between two micro-batches of a step."""
 
 from __future__ import annotations
 
@@ -305,4 +306,106 @@ def test_a_killed_worker_restarts_from_the_epochs_start_with_each_steps_loss_and
         _assert_state(dp, single.state_dict())
     finally:
         del dp._step_on
+        dp.shutdown()
+
+
+class _KilledBetweenMicroBatches:
+    """Rank ``rank``'s actor handle, which, the first time it is sent micro-batch 2 of a step, first
+    sends the actor a call that SIGKILLs its process: the actor runs its calls in order, so it dies
+    after micro-batch 1 added its gradients to its sums and before micro-batch 2 (the driver sends
+    a step's calls at once, so only the actor's own queue can place the kill there)."""
+
+    def __init__(self, handle, killed: list):
+        self._handle, self._killed = handle, killed
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    @property
+    def step(self):
+        handle, killed = self._handle, self._killed
+
+        class Step:
+            @staticmethod
+            def options(**options):
+                call = handle.step.options(**options)
+
+                class Call:
+                    @staticmethod
+                    def remote(message, *args):
+                        if message["micro"][0] == 1 and not killed:
+                            killed.append(message["step"])
+                            handle.__ray_call__.remote(lambda actor: os.kill(os.getpid(), signal.SIGKILL))
+                        return call.remote(message, *args)
+                return Call
+        return Step
+
+
+def _kill_between_micro_batches(dp, rank: int, before_step: int) -> list:
+    """From optimizer step ``before_step`` on, kill ``rank`` between its first and second micro-batch
+    (once); returns the list that records the kill."""
+    step_on, killed = dp._step_on, []
+
+    def wrapped(*args):
+        if dp.step_count + 1 != before_step or killed:
+            return step_on(*args)
+        handle = dp._actors[rank]
+        dp._actors[rank] = _KilledBetweenMicroBatches(handle, killed)
+        try:
+            return step_on(*args)
+        finally:
+            dp._actors[rank] = handle  # ray.kill takes the handle itself
+
+    dp._step_on = wrapped
+    return killed
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_worker_killed_between_two_micro_batches_restarts_as_an_unkilled_run(ray_cluster, rank):
+    """k=2, 2 epochs of 4 optimizer steps: rank ``rank`` killed after micro-batch 1 of step 6 (epoch
+    2's second), its gradients for micro-batch 1 summed and micro-batch 2 not yet run, the other
+    worker going on into the combine: the step fails as a lost worker, the workers restart from
+    step 4's state (epoch 2's start) and the run ends as an unkilled one (one process's
+    accumulate=2): losses, norms, params to 1e-12, each step once."""
+    net, data = _Net(batchnorm=False), _data(ROWS)
+    arts = _artifacts(net, _optimizers("adamw", True)[0])
+    single = gc.Trainer(arts, backend="numpy", accumulate=2)
+    want = single.fit(_loader(data, True), epochs=2, progress=False, quiet=True)
+    dp = gc.Trainer(arts, accumulate=2, **WORKERS)
+    killed = _kill_between_micro_batches(dp, rank, 6)
+    try:
+        with pytest.warns(UserWarning, match=f"worker rank {rank} .*died during training step 6, micro-batch 2 of 2.*"
+                                             "restarting the 2 workers from step 4"):
+            got = dp.fit(_loader(data, True), epochs=2, progress=False, quiet=True)
+        assert killed and dp.step_count == 8 and len(got.step_losses) == 8
+        assert dp.combines == 5 + 4  # steps 1-5, then 5-8 again from the restart
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        np.testing.assert_allclose([e.loss for e in got.epochs], [e.loss for e in want.epochs], rtol=1e-12)
+        _assert_state(dp, single.state_dict())
+        _workers_agree(dp)
+    finally:
+        del dp._step_on
+        dp.shutdown()
+
+
+def test_a_worker_killed_between_two_micro_batches_of_step_fails_naming_it(ray_cluster):
+    """step(batch), k=2: rank 1 killed between its two micro-batches: the step raises WorkerLost naming
+    the worker, the step and micro-batch 2, and leaves step_count and the state as they were."""
+    from graphc.runtime.distributed.cluster import WorkerLost
+
+    arts = _artifacts(_Net(batchnorm=False), _optimizers("adamw", True)[0])
+    dp = gc.Trainer(arts, accumulate=2, **WORKERS)
+    try:
+        dp.step(_data(8))
+        before = dp.state_dict()
+        killed = _kill_between_micro_batches(dp, 1, 2)
+        with pytest.raises(WorkerLost, match=r"worker rank 1 .*on rows 2:4 of the batch died during training step 2, "
+                                             r"micro-batch 2 of 2"):
+            dp.step(_data(8))
+        assert killed and dp.step_count == 1 and dp.combines == 1
+        del dp._step_on
+        dp._actors = dp._actors[:1]  # rank 0 lives on, its update of step 2 not made
+        np.testing.assert_array_equal(dp.worker_states()[0]["fc.weight"], before["fc.weight"])
+    finally:
         dp.shutdown()
