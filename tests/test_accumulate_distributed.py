@@ -409,3 +409,27 @@ def test_a_worker_killed_between_two_micro_batches_of_step_fails_naming_it(ray_c
         np.testing.assert_array_equal(dp.worker_states()[0]["fc.weight"], before["fc.weight"])
     finally:
         dp.shutdown()
+
+
+def test_the_driver_builds_and_weighs_each_micro_batch_once_a_step(ray_cluster, monkeypatch):
+    """step(batch), k=3, on 2 workers: the driver builds each micro-batch's feeds (Trainer._batch_feeds)
+    and weighs it (averaging.shard_weight) once a step: ``counting``'s feeds are the ones cut into
+    shards (they were built again for the shards: 6 builds); the step equals one process's (1e-12)."""
+    from graphc.runtime import averaging
+    from graphc.runtime.distributed.accumulating import DistributedAccumulatingTrainer
+
+    arts = gc.training.generate(gc.capture(_Net(batchnorm=False), x=gc.spec("float64", ("N", 4))),
+                                gc.losses.cross_entropy("output", label="y", weight=[1.0, 2.0, 0.5]),
+                                _optimizers("adamw", True)[0])
+    dp, single = _dp_and_single(arts, "numpy", 3)
+    try:
+        batch, built, weighed = _data(12), [], []
+        build, weigh = DistributedAccumulatingTrainer._batch_feeds, averaging.shard_weight
+        monkeypatch.setattr(DistributedAccumulatingTrainer, "_batch_feeds",
+                            lambda self, *args: built.append(len(args[0]["x"])) or build(self, *args))
+        monkeypatch.setattr(averaging, "shard_weight", lambda *args: weighed.append(args[2]) or weigh(*args))
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-12)
+        assert built == [4, 4, 4] and weighed[:3] == [4, 4, 4] and len(weighed) == 3 + 3  # one process's 3
+        _assert_state(dp, single.state_dict())
+    finally:
+        dp.shutdown()

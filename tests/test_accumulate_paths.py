@@ -266,3 +266,23 @@ def test_left_out_micro_batch_is_named_as_a_skipped_batch():
     with pytest.warns(UserWarning, match=r"^epoch 1, batch 4 of 4 \(micro-batch 2 of 2\): the class weights of its "
                                          r"labels in 'y' sum to 0 \(weight=\[1.0, 1.0, 0.0\]\); left out"):
         weighted.fit(loader, epochs=1, progress=False, quiet=True)
+
+
+def test_each_micro_batch_is_weighed_once_a_step(monkeypatch):
+    """step(batch), k=3, class-weighted cross-entropy: each micro-batch's weight (averaging.shard_weight)
+    is computed once a step, by ``counting``, which also leaves out those weighing 0 (it was computed
+    again for the step's shares: 6 calls); the loss is the whole batch's, as torch's."""
+    from graphc.runtime import averaging
+
+    classes, net = [1.0, 2.0, 0.5], _Net(batchnorm=False)
+    twin, data = _twin(net), _data(12)
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 4))),
+                                gc.losses.cross_entropy("output", label="y", weight=classes),
+                                _optimizers("sgd", False)[0])
+    trainer = gc.Trainer(arts, backend="numpy", accumulate=3)
+    want = torch.nn.functional.cross_entropy(twin(torch.from_numpy(data["x"])), torch.from_numpy(data["y"]),
+                                             weight=torch.tensor(classes, dtype=torch.float64))
+    weigh, calls = averaging.shard_weight, []
+    monkeypatch.setattr(averaging, "shard_weight", lambda *args: calls.append(args[2]) or weigh(*args))
+    assert trainer.step(data) == pytest.approx(float(want), rel=1e-12)
+    assert calls == [4, 4, 4]

@@ -99,21 +99,23 @@ def micro_batches(batch: Mapping[str, np.ndarray], specs: list, batch_specs: lis
 
 
 def counting(trainer: Trainer, batches: list[Mapping[str, Any]],
-             of: Optional[int] = None) -> list[tuple[Mapping[str, Any], dict, int]]:
-    """The micro-batches of a step that count in the loss, each with its feeds and rows. One
-    whose every label is the ignore index (or whose class weights sum to 0) is left out with a
-    warning naming it as ``fit`` names a batch it skips without accumulation (``of``: the epoch's
-    loader batches in ``fit``, None in ``step``); a step none of whose micro-batches counts is
-    refused as a train step on the first (``Trainer._refuse_step``)."""
+             of: Optional[int] = None) -> list[tuple[Mapping[str, Any], dict, int, float]]:
+    """The micro-batches of a step that count in the loss, each with its feeds, rows and weight
+    (``averaging.shard_weight``). One whose every label is the ignore index (or whose class
+    weights sum to 0: ``Trainer._counts_nothing``) is left out with a warning naming it as ``fit``
+    names a batch it skips without accumulation (``of``: the epoch's loader batches in ``fit``,
+    None in ``step``); a step none of whose micro-batches counts is refused as a train step on the
+    first (``Trainer._refuse_step``)."""
     parts = []
     for batch in batches:
         feeds = trainer._batch_feeds(batch, trainer.batch_specs)
-        parts.append((batch, feeds, len(next(iter(feeds.values()))) if feeds else 0))
-    nothing = [trainer._counts_nothing(batch, rows) for batch, _, rows in parts]
+        rows = len(next(iter(feeds.values()))) if feeds else 0
+        parts.append((batch, feeds, rows, averaging.shard_weight(trainer.manifest.loss, batch, rows)))
+    nothing = [rows > 0 and not weight for _, _, rows, weight in parts]  # as Trainer._counts_nothing
     if all(nothing):
         trainer._refuse_step(parts[0][1])
     for index in (i for i, empty in enumerate(nothing) if empty):
-        batch, _, rows = parts[index]
+        batch, _, rows, _ = parts[index]
         examples = averaging.examples(trainer.manifest.loss, batch, rows)
         warnings.warn(f"{trainer._counts_nothing_why(of, examples, (index, len(batches)))}; left out of the step "
                       "(its mean loss is 0/0)", stacklevel=4)
@@ -187,10 +189,9 @@ class AccumulatingTrainer(Trainer):
         for nothing (every label ignored) is left out, with a warning (``counting``: ``of``)."""
         loss_spec = self.manifest.loss
         feeds = []
-        for batch, f, rows in counting(self, batches, of):
-            self._refuse_step(f)
-            feeds.append((batch, f, averaging.shard_weight(loss_spec, batch, rows),
-                          averaging.examples(loss_spec, batch, rows)))
+        for batch, f, rows, weight in counting(self, batches, of):
+            self._refuse_step(f, weight)
+            feeds.append((batch, f, weight, averaging.examples(loss_spec, batch, rows)))
         total = averaging.divisor(loss_spec, sum(w for _, _, w, _ in feeds), "the step's micro-batches")
         wanted = self._prediction is not None and self._prediction in self._fetch
         with self._interrupts:

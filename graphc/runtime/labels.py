@@ -62,11 +62,12 @@ def class_count(manifest, feeds: Mapping[str, Any], whole: bool = False) -> Opti
 
 
 def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = False,
-                 classes: Optional[int] = None) -> None:
+                 classes: Optional[int] = None, weight: Optional[float] = None) -> None:
     """A cross-entropy loss's labels are class indices in [0, C) or its ignore index (C:
     ``classes`` where the caller measured it, else ``class_count``). A batch whose every label is
     ignored, or (with class weights) whose counted labels all weigh 0, has a mean over nothing,
-    0/0 (NaN in PyTorch, NaN or inf in the graph), which the step would write into every param."""
+    0/0 (NaN in PyTorch, NaN or inf in the graph), which the step would write into every param
+    (``weight``: the batch's ``averaging.shard_weight`` where the caller computed it)."""
     loss = manifest.loss
     if loss.get("kind") != "cross_entropy" or loss.get("label") not in feeds:
         return
@@ -84,7 +85,9 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = Fa
     if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
         raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
                          f"would be a mean over no example")
-    if labels.size and counted.any() and not averaging.shard_weight(loss, {loss["label"]: labels}, len(labels)):
+    if weight is None and labels.size and counted.any():
+        weight = averaging.shard_weight(loss, {loss["label"]: labels}, len(labels))
+    if labels.size and counted.any() and not weight:
         weights = options["weight"]
         raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
                          f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "

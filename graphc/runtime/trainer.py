@@ -420,14 +420,15 @@ class Trainer:
             self.step_count += 1
             return float(host["loss"])
 
-    def _refuse_step(self, feeds: Mapping[str, np.ndarray]) -> None:
+    def _refuse_step(self, feeds: Mapping[str, np.ndarray], weight: Optional[float] = None) -> None:
         """Refuse a train step on ``feeds`` that has no row, a BatchNorm batch of 1 row,
-        cross-entropy labels outside [0, C) (C measured where only a forward tells it), or
+        cross-entropy labels outside [0, C) (C measured where only a forward tells it) or weighing
+        0 in all (``weight``: their ``averaging.shard_weight`` where the caller has it), or
         binary cross-entropy probabilities outside [0, 1]; the
         data-parallel Trainer checks its global batch the same way before any worker steps."""
         refuse_empty(feeds, "a train step")
         refuse_one_row(self.manifest, feeds)
-        check_labels(self.manifest, feeds, "a train step", classes=self._classes(feeds))
+        check_labels(self.manifest, feeds, "a train step", classes=self._classes(feeds), weight=weight)
         check_probabilities(self.manifest, feeds, "a train step")
 
     def _classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:

@@ -62,8 +62,10 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         """One optimizer step on the global micro-batches ``batches``; returns the step's loss (the
         micro-batches' weighted mean, or sum for a summed loss; ``of``: ``counting``'s)."""
         metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
-        batches = [batch for batch, _, _ in counting(self, batches, of)]
-        plans = [self._messages(batch, self.batch_specs, noise=True) for batch in batches]
+        counted = counting(self, batches, of)
+        batches = [batch for batch, *_ in counted]
+        plans = [self._messages(batch, self.batch_specs, noise=True, counted=(feeds, weight))
+                 for batch, feeds, _, weight in counted]
         for index, (messages, _) in enumerate(plans):
             for message in messages:
                 message.update(metrics=metrics, micro=(index, len(batches)))

@@ -217,15 +217,16 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool,
-                  whole: bool = False) -> tuple[list[dict], list[tuple[int, int]]]:
+    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False,
+                  counted: Optional[tuple[dict, float]] = None) -> tuple[list[dict], list[tuple[int, int]]]:
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
         it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws; and
-        the bounds of each worker's rows (``_bounds``)."""
-        feeds = self._batch_feeds(batch, specs)
+        the bounds of each worker's rows (``_bounds``). ``counted``: the batch's ``_batch_feeds``
+        of ``specs`` and its weight where the caller has them (a micro-batch's: ``accumulating.counting``)."""
+        feeds, weight = counted or (self._batch_feeds(batch, specs), None)
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
-            self._refuse_step(feeds)
+            self._refuse_step(feeds, weight)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         bounds = self._bounds(feeds, noise, whole)
         self._refuse_split_classes(feeds, bounds)
