@@ -91,7 +91,7 @@ def own_subgraph_outputs(g: GradBuilder, branch: ir.Graph, outer: ir.Graph) -> N
             branch.outputs[i] = node.outputs[0]
 
 
-def _gradient_inputs(node: ir.Node, marked: Mapping[ir.Node, Region]) -> list[ir.Value]:
+def gradient_inputs(node: ir.Node, marked: Mapping[ir.Node, Region]) -> list[ir.Value]:
     """The values ``node``'s gradient goes to: a Function marker's region's inputs, none through
     any other stop-gradient node, else its inputs (``node_inputs``)."""
     if node in marked:
@@ -105,14 +105,14 @@ def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Seque
     Function's markers join their region's inputs to its outputs), and the values on such paths."""
     forward = {v for v in sources if is_float(v)}
     for node in nodes:
-        if any(v in forward for v in _gradient_inputs(node, marked)):
+        if any(v in forward for v in gradient_inputs(node, marked)):
             forward.update(v for v in node.outputs if is_float(v))
     needed = {v for v in sinks if v in forward}
     path: list[ir.Node] = []
     for node in reversed(nodes):
         if not any(v in needed for v in node.outputs):
             continue
-        ins = [v for v in _gradient_inputs(node, marked) if v in forward]
+        ins = [v for v in gradient_inputs(node, marked) if v in forward]
         if ins:
             path.append(node)
             needed.update(ins)

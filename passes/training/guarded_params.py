@@ -41,6 +41,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import is_float
+from graphc.passes.autodiff.autograd_functions import regions
 from graphc.passes.emit import Emitter
 from graphc.passes.training import loss_scaling
 from graphc.passes.training.graph_outputs import expose, input_with_default
@@ -85,12 +86,16 @@ def never_read(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> list
 def _needs(graph: ir.Graph, need: dict[ir.Value, Dnf]) -> dict[ir.Value, Dnf]:
     """``need`` ({value: when it is read}) grown backward through ``graph``'s nodes: each value
     they read with a gradient, from outside ``graph`` too, with when they run; a body's reads
-    under its node's condition ANDed with the node's own need."""
-    for node in reversed(list(graph)):
+    under its node's condition ANDed with the node's own need; a ``gc.autograd.Function``'s output
+    reads the arguments its backward returns gradients for."""
+    nodes = list(graph)
+    marked = regions(nodes, None)
+    for node in reversed(nodes):
         wanted = _any(need.get(o, NEVER) for o in node.outputs)
-        if stops_gradient(node) or not wanted:
+        if not wanted or (stops_gradient(node) and node not in marked):
             continue
-        for v, when in _node_reads(node, need, wanted):
+        reads = ((v, wanted) for v in marked[node].inputs) if node in marked else _node_reads(node, need, wanted)
+        for v, when in reads:
             if v is not None and is_float(v):
                 need[v] = _any((need.get(v, NEVER), when))
     return need

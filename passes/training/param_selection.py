@@ -15,13 +15,13 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from graphc.errors import PassError, first_few
+from graphc.passes.autodiff.autograd_functions import regions
 from graphc.passes.autodiff.builder import is_float
-from graphc.passes.autodiff.core import node_inputs
+from graphc.passes.autodiff.core import gradient_inputs, node_inputs
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.training import export_records, guarded_params, imports
 from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.training.loss_graph import LOSS
-from graphc.passes.values import stops_gradient
 from graphc.version import PRODUCER
 
 # what cuts a param off from the loss's gradient, as the warnings say it
@@ -159,11 +159,15 @@ def matching(patterns: Iterable[str], candidates: Sequence[str], option: str,
 def loss_inputs(graph: ir.Graph, differentiable: bool = True) -> set[ir.Value]:
     """The values the loss reads; ``differentiable``: only those it reads with a gradient, float
     ones (``is_float``: an integer or bool value, an argmax or a comparison, carries none, as in
-    torch) not through a ``gc.detach`` (``stops_gradient``)."""
+    torch) not through a ``gc.detach`` and, through a ``gc.autograd.Function``'s outputs, the
+    arguments its backward returns gradients for (``gradient_inputs``)."""
     needed = {by_name(graph, LOSS)}
-    for node in reversed(list(graph)):
-        if not (differentiable and stops_gradient(node)) and any(v in needed for v in node.outputs):
-            needed.update(v for v in node_inputs(node) if is_float(v) or not differentiable)
+    nodes = list(graph)
+    marked = regions(nodes, None) if differentiable else {}
+    for node in reversed(nodes):
+        if any(v in needed for v in node.outputs):
+            reads = gradient_inputs(node, marked) if differentiable else node_inputs(node)
+            needed.update(v for v in reads if is_float(v) or not differentiable)
     return needed
 
 
