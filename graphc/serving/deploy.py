@@ -29,6 +29,7 @@ from graphc.fileio import atomic_write, fsync_dir, made_folders, scratch_dir
 from graphc.model import Model, load
 from graphc.model.file import distinct_subgraph_outputs, unique_node_names
 from graphc.model.quantizers import without_record
+from graphc.passes.values import AUTOGRAD_DOMAIN, drop_autograd_functions
 from graphc.compile.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
@@ -149,6 +150,18 @@ def for_cpu_instances(model: Model) -> Model:
     proto = model.proto
     lowered = narrow_casts.lower_for_cpu(proto)
     return model if lowered is proto else load(lowered)
+
+
+def _served(model: Model) -> Model:
+    """``model`` as a server gets it, a copy where it changes: without the fake quantizers' record (checked
+    before: ``graphc serve REPO`` serves the file as deployed) and the ``gc.autograd.Function`` backwards and
+    their ``graphc.autograd`` import (no server differentiates; they were shipped at the model's opset)."""
+    served = without_record(model.ir)
+    if any(key[0] == AUTOGRAD_DOMAIN for key in served.functions) or AUTOGRAD_DOMAIN in served.opset_imports:
+        if served is model.ir:
+            served = ir.serde.deserialize_model(ir.serde.serialize_model(served))
+        drop_autograd_functions(served)
+    return Model(served)
 
 
 def _real_dir(path: Path, root: Path) -> Path:
@@ -275,7 +288,7 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     check_keep_io_types(dtype, keep_io_types, default=True)
     model = load(model_or_path)
     check_calibrated(model.ir, allow_uncalibrated=allow_uncalibrated)
-    model = Model(without_record(model.ir))  # checked here: `graphc serve REPO` serves the file as deployed
+    model = _served(model)
     if dtype is not None:
         model = convert_float(model, dtype, keep_io_types=keep_io_types)
     model = for_server(model, opset)
