@@ -3,11 +3,13 @@
 In a capture, the nodes a region's function emits are marked with the region's id (node metadata
 ``CHECKPOINT_KEY``); the training graphs' backward then recomputes the values it reads from them,
 starting from the region's inputs (``passes/training/recompute.py``), and the forward is unchanged.
-A region inside another is part of it. Outside a capture the function just runs.
+A region inside another is part of it; one inside a control-flow body warns (it has no effect).
+Outside a capture the function just runs.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +46,11 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     b = builder.active()
     if b is None:
         return function(*args, **kwargs)
+    if len(b.scopes) > 1:
+        warnings.warn(f"checkpoint at {builder.user_source()} is inside a body (gc.cond, gc.fori_loop, gc.scan, "
+                      "gc.while_loop, gc.vmap) or a gc.autograd.Function's backward: the training graphs keep such a "
+                      "body's values whole, so this region is not recomputed; call checkpoint outside the body",
+                      UserWarning, stacklevel=2)
     nodes = b.scope.nodes
     start = len(nodes)
     out = function(*args, **kwargs)
