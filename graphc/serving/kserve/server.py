@@ -39,6 +39,9 @@ MAX_HEAD_BYTES = 64 << 10
 # (it reads them, and its reply after them) or is gone (its kernel answers them with a reset).
 PEER_PROBE_INTERVAL = 0.5
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# How every reply written to a connection starts (uvicorn's ``STATUS_LINE``, 100 Continue's too):
+# HTTP/1.0's probes send it ahead, a byte at a time.
+_REPLY_START = b"HTTP/1.1 "
 # A reply to a request still arriving (an error found from its headers or its first bytes, as a 413
 # from Content-Length, or a 408) closes the connection in stages, as RFC 9112 (9.6) says a server
 # should: the reply says ``connection: close``, the server shuts its sending side once the reply is
@@ -83,15 +86,15 @@ class DeadlineProtocol(HttpToolsProtocol):
     client held the shutdown for the whole read timeout. Behind pipelined requests still being
     answered, the 400, 408 or 431 of the request after them waits for their replies (uvicorn sent
     it first); a client that half-closes still gets the replies of the requests it sent whole.
-    A FIN reads the same whether the client half-closed or closed its socket, so while such a
-    request (HTTP/1.1) runs the server sends ``100 Continue`` every ``PEER_PROBE_INTERVAL`` seconds:
-    a closed socket answers with a reset, the connection is lost, and the app stops the run.
-    A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above).
-
-    (HTTP/1.0 gets no probe, and nothing else tells its closed socket from a half-closed one: both
-    read as EOF, ``MSG_PEEK`` included, and stay in CLOSE_WAIT under TCP keepalive probes, which
-    carry no new data; only bytes of the reply itself draw the reset. Its run goes on to its end
-    or ``--request-timeout``.)"""
+    A FIN reads the same whether the client half-closed or closed its socket (``MSG_PEEK`` included,
+    and TCP keepalive probes carry no new data, so a closed socket does not answer them with a
+    reset), so while such a request runs the server sends a probe every ``PEER_PROBE_INTERVAL``
+    seconds: a closed socket answers with a reset, the write after it loses the connection, and
+    the app stops the run. HTTP/1.1 gets ``100 Continue``; HTTP/1.0 (no 1xx, RFC 9110, 15.2) the
+    reply's own first bytes, ``HTTP/1.1 `` (every reply's status line starts so), one a probe, left
+    out of the reply when it is written (``_Lingering.write``): after its nine probes (4 s) it is
+    not probed again, so a client that half-closed and closes later runs on.
+    A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above)."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT,
                  log: ThrottledLog, **kwargs: Any):
@@ -108,6 +111,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._running: Any = None  # the cycle whose app runs (later pipelined ones wait in ``pipeline``)
         self._deferred: bytes | None = None  # a closing reply due once earlier requests are answered
         self._peer_probe: asyncio.TimerHandle | None = None  # after a FIN, while a reply is due
+        self._ahead = 0  # bytes of _REPLY_START sent as HTTP/1.0 probes, left out of the next write
         self._arriving = False  # a request has begun and not ended: more of it may come
         self._linger: asyncio.TimerHandle | None = None  # ends the linger after a close (LINGER_SECONDS)
         self._dropped = 0  # bytes read and dropped while lingering
@@ -166,15 +170,21 @@ class DeadlineProtocol(HttpToolsProtocol):
         return True
 
     def _probe_peer(self) -> None:
-        """Send ``100 Continue`` (interim: HTTP/1.1 clients skip it, RFC 9110, 15.2) while the running
-        request's reply has not started, again every ``PEER_PROBE_INTERVAL`` seconds: a peer that
+        """While the running request's reply has not started, send a probe, again every
+        ``PEER_PROBE_INTERVAL`` seconds: ``100 Continue`` (interim: HTTP/1.1 clients skip it, RFC
+        9110, 15.2), to HTTP/1.0 the next byte of ``_REPLY_START`` while one is left. A peer that
         closed its socket resets the connection, and the write after the reset loses it."""
         running = self._running
+        legacy = running is not None and running.scope["http_version"] == "1.0"
         if self.transport.is_closing() or running is None or running.response_started \
-                or running.scope["http_version"] == "1.0":  # no 1xx to HTTP/1.0 clients (RFC 9110, 15.2)
+                or (legacy and self._ahead == len(_REPLY_START)):
             self._peer_probe = None
             return
-        self.transport.write(_CONTINUE)
+        if legacy:
+            self._raw.write(_REPLY_START[self._ahead:self._ahead + 1])
+            self._ahead += 1
+        else:
+            self.transport.write(_CONTINUE)
         self._peer_probe = self.loop.call_later(PEER_PROBE_INTERVAL, self._probe_peer)
 
     def on_body(self, body: bytes) -> None:
@@ -352,13 +362,19 @@ class ThrottledLog:
 
 class _Lingering:
     """A connection's transport as uvicorn and ``DeadlineProtocol`` see it: ``close`` is the
-    protocol's (it may linger), and a lingering connection reads as closing."""
+    protocol's (it may linger), a lingering connection reads as closing, and ``write`` leaves out
+    what HTTP/1.0 probes sent ahead."""
 
     def __init__(self, transport: asyncio.Transport, protocol: DeadlineProtocol):
         self._transport, self._protocol = transport, protocol
 
     def close(self) -> None:
         self._protocol._close()
+
+    def write(self, data: bytes) -> None:
+        """Write ``data``, less the bytes of its start that HTTP/1.0 probes sent ahead."""
+        ahead, self._protocol._ahead = self._protocol._ahead, 0
+        self._transport.write(data[ahead:] if ahead else data)
 
     def is_closing(self) -> bool:
         return self._protocol._linger is not None or self._transport.is_closing()
