@@ -185,9 +185,35 @@ def test_a_large_body_is_refused_the_same(http):
     assert reply.json()["error"] == _message("outputs[0].parameters.classification", "classification", 3)
 
 
+def _reserved(where: str, name: str, value: object) -> str:
+    return (f"invalid infer request: {where}: parameter {name!r}: Triton reserves the parameter names starting with "
+            f"'triton_' for its own features (its parameters extension), and this server implements none of them "
+            f"({EXTENSIONS.replace('the ones', 'the extensions')}); leave the parameter out, got {json.dumps(value)}")
+
+
+@pytest.mark.parametrize("body, where, name, value", [
+    (_body(parameters={"triton_enable_empty_final_response": True}), "parameters.triton_enable_empty_final_response",
+     "triton_enable_empty_final_response", True),
+    (_body(parameters={"custom": 1, "triton_Mode": None}), "parameters", "triton_Mode", None),  # named in the message
+    (_body(outputs=[{"name": "logits", "parameters": {"binary_data": False, "triton_x": 2}}]),
+     "outputs[0].parameters.triton_x", "triton_x", 2),
+    ({"inputs": [{**_body()["inputs"][0], "parameters": {"triton_": False}}]}, "inputs[0].parameters.triton_",
+     "triton_", False),
+])
+def test_parameters_triton_reserves_are_refused_naming_them(http, body, where, name, value):
+    """Triton reserves the ``triton_`` names (its parameters extension) and refuses them with a 400
+    (tritonclient will not send one); here they were taken and ignored as custom parameters. As a
+    large body (parsed a slice at a time) the same."""
+    for text in (json.dumps(body), json.dumps(body)[:-1] + " " * (300 << 10) + "}"):
+        reply = http.post("/v2/models/blobs/infer", content=text)
+        assert reply.status_code == 400 and reply.json()["error"] == _reserved(where, name, value), reply.text
+    with pytest.raises(InferenceServerException, match="reserved parameter"):  # tritonclient's own check
+        httpclient.InferenceServerClient("127.0.0.1:1").infer("blobs", [x_input()], parameters={name: value})
+
+
 def test_unknown_parameters_are_still_allowed(http):
     good = http.post("/v2/models/blobs/infer", json=_body()).json()
-    for extra in ({"parameters": {"my_flag": True, "headers": {"a": 1}}},
+    for extra in ({"parameters": {"my_flag": True, "headers": {"a": 1}, "triton": 1, "my_triton_x": 2}},
                   {"outputs": [{"name": "logits", "parameters": {"note": "x"}}]}):
         reply = http.post("/v2/models/blobs/infer", json=_body(**extra))
         assert reply.status_code == 200 and reply.json() == good, reply.text

@@ -19,6 +19,10 @@ REQUEST_PARAMETERS = {"sequence_id": "sequence", "sequence_start": "sequence", "
                       "priority": "schedule_policy", "timeout": "schedule_policy"}
 INPUT_PARAMETERS = dict(_SHARED_MEMORY)
 OUTPUT_PARAMETERS = {"classification": "classification", **_SHARED_MEMORY}
+# Triton's parameters extension keeps the names that start with it for Triton's own features (a
+# decoupled model's ``triton_enable_empty_final_response``); Triton's HTTP endpoint refuses every one
+# in a request with a 400, and tritonclient refuses to send one. This server implements none of them.
+RESERVED_PREFIX = "triton_"
 
 # Routes of Triton extensions this server does not implement, as (path pattern, extension).
 _ROUTES = (
@@ -35,6 +39,13 @@ def unsupported_message(extension: str) -> str:
     """Why a request for ``extension`` is refused, with what the server has instead."""
     return f"this server does not implement Triton's {extension} extension (GET /v2 lists the ones it does: " \
            f"{', '.join(SUPPORTED)})"
+
+
+def reserved_message(name: str) -> str:
+    """Why parameter ``name`` (it starts with ``RESERVED_PREFIX``) is refused."""
+    return f"parameter {name!r}: Triton reserves the parameter names starting with {RESERVED_PREFIX!r} for its own " \
+           f"features (its parameters extension), and this server implements none of them (GET /v2 lists the " \
+           f"extensions it does: {', '.join(SUPPORTED)})"
 
 
 def route_extension(path: str) -> str | None:

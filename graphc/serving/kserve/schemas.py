@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 import ml_dtypes
 import numpy as np
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter,
-                      create_model)
-from pydantic_core import PydanticCustomError
+                      ValidationError, create_model, model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import TypeAliasType
 
 from graphc.model.dtypes import to_numpy
@@ -53,9 +53,20 @@ class _Message(BaseModel):
 
 class _Parameters(BaseModel):
     """Protocol parameters: the known ones are typed, those of Triton extensions this server does
-    not implement are refused (any value, null too), others are allowed and ignored."""
+    not implement are refused (any value, null too), and so are the names Triton reserves
+    (``triton_...``); others are allowed and ignored."""
 
     model_config = ConfigDict(strict=True, extra="allow")
+
+    @model_validator(mode="after")
+    def _unreserved(self) -> _Parameters:
+        for name, value in (self.__pydantic_extra__ or {}).items():
+            if name.startswith(extensions.RESERVED_PREFIX):
+                why = PydanticCustomError("reserved_parameter", "{why}; leave the parameter out",
+                                          {"why": extensions.reserved_message(name)})
+                raise ValidationError.from_exception_data(
+                    type(self).__name__, [InitErrorDetails(type=why, loc=(name,), input=value)])
+        return self
 
 
 def _refuse(extension: str, _value: Any) -> Any:
