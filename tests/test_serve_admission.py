@@ -150,3 +150,30 @@ def test_a_head_past_the_limit_gets_a_431_at_once_and_one_within_it_is_served(tm
             replies += chunk
         assert replies.count(b"HTTP/1.1 200") == 300
         sock.close()
+
+
+def test_a_body_that_stalls_gives_its_queue_place_back_with_its_408(tmp_path):
+    """A client that stalls its body (at a chunk boundary or in a Content-Length body) and reads
+    nothing more holds its --max-queue place until its 408, no longer: the place was held through
+    the 2 s linger after it as well."""
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    body = loop_body(3, 0.5)
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "numpy", "--read-timeout", "2",
+                       "--max-queue", "2") as (_, port):
+        url = f"http://127.0.0.1:{port}/v2/models/loop/infer"
+        chunked = socket.create_connection(("127.0.0.1", port), timeout=60)
+        chunked.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"a\r\n%s\r\n" % body[:10])
+        stalled = [post(port, body[:10], length=len(body)), chunked]
+        started = time.monotonic()
+        time.sleep(0.2)
+        assert httpx.post(url, content=body, timeout=30).status_code == 503
+        statuses = []
+        while time.monotonic() - started < 4.5 and statuses[-1:] != [200]:
+            statuses.append(httpx.post(url, content=body, timeout=30).status_code)
+            time.sleep(0.05)
+        waited = time.monotonic() - started
+        assert statuses[-1] == 200 and waited < 3.0, (waited, statuses)  # before: 4 s, 2 s more
+        for sock in stalled:
+            assert read_reply(sock).startswith(b"HTTP/1.1 408")
+            sock.close()

@@ -310,7 +310,9 @@ class DeadlineProtocol(HttpToolsProtocol):
     def _close(self) -> None:
         """Close the connection (uvicorn's ``transport.close()`` too); while a request is still
         arriving, linger first: shut the sending side once the reply is out, and read and drop
-        what comes for ``min(LINGER_SECONDS, read_timeout)`` seconds or ``LINGER_BYTES`` bytes."""
+        what comes for ``min(LINGER_SECONDS, read_timeout)`` seconds or ``LINGER_BYTES`` bytes. An
+        app still reading that request's body reads a disconnect now: it never gets the rest (it
+        read none until the linger ended, holding its ``--max-queue`` place 2 s past a 408)."""
         if self._linger is not None:
             return
         if not self._arriving or self._raw.is_closing():
@@ -318,6 +320,9 @@ class DeadlineProtocol(HttpToolsProtocol):
             return
         for name in ("_read_deadline", "_idle_deadline", "_peer_probe"):
             self._cancel(name)
+        if self.cycle is not None and not self.cycle.response_started:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         self._linger = self.loop.call_later(min(LINGER_SECONDS, self.read_timeout), self._raw.abort)
         if self._raw.can_write_eof():  # a TLS transport cannot shut one side: it lingers without
             self._raw.write_eof()
