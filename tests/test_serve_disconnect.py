@@ -92,3 +92,17 @@ def test_an_http_1_0_client_that_half_closes_reads_its_reply_whole_after_every_p
     assert early == b"H", early
     assert data.startswith(b"HTTP/1.1 504 Gateway Timeout\r\n") and data.count(b"HTTP/1.1") == 1, data[:300]
     assert "--request-timeout" in json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]
+
+
+def test_an_http_1_0_request_that_expects_100_continue_gets_no_interim_reply(model_file):
+    """RFC 9110: a server ignores an HTTP/1.0 request's 100-continue expectation and sends no 1xx
+    to an HTTP/1.0 client; uvicorn sent ``HTTP/1.1 100 Continue`` before the reply."""
+    with serve_process(model_file, "--backend", "numpy") as (_, port):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            head, body = infer(7, "1.0").split(b"\r\n\r\n", 1)
+            sock.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n" + body)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n"), data[:300]
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [7.5]

@@ -129,6 +129,10 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
     def on_headers_complete(self) -> None:
+        """uvicorn's; an HTTP/1.0 request's ``Expect: 100-continue`` is ignored, as RFC 9110 (10.1.1)
+        says a server must (uvicorn sent ``100 Continue``, a 1xx no HTTP/1.0 client takes, 15.2)."""
+        if self.parser.get_http_version() == "1.0":
+            self.expect_100_continue = False
         super().on_headers_complete()
         self._in_body = True
 
