@@ -103,3 +103,14 @@ def test_capture_input_names_are_checked_against_forward(capsys, net_file):
     err = one_line_error(run_cli(capsys, "capture", f"{net_file / 'nets.py'}:pooled", "--input", "x:float32[N,8]",
                                  "-o", out))
     assert "expected x, w, got x" in err and not out.exists()
+
+
+def test_inspect_prints_a_long_model_path_whole(capsys, net_file, monkeypatch):
+    """Its header line was wrapped at the 80 columns of a pipe, cutting the path across lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    path = net_file / ("d" * 90) / "img.onnx"
+    path.parent.mkdir()
+    run_cli(capsys, "capture", f"{net_file / 'nets.py'}:Img", "--input", "x:float32[N,64]", "-o", path)
+    r = run_cli(capsys, "inspect", path)
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith(f"Img  ({path})  opset: ai.onnx ")

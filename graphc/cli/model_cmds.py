@@ -173,7 +173,7 @@ def inspect_cmd(
         return
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
     console.print(f"[bold]{escape(model.name)}[/]  ({escape(str(model_path))})  opset: {opsets}  ir_version {model.ir_version}  "
-                  f"producer: {model.ir.producer_name or '?'}", highlight=False)
+                  f"producer: {model.ir.producer_name or '?'}", highlight=False, soft_wrap=True)
     console.print(_spec_table("inputs", model.inputs))
     console.print(_spec_table("outputs", model.outputs))
     hist = op_histogram(model.ir.graph)
