@@ -234,3 +234,45 @@ def test_a_model_without_its_backward_is_refused_by_name():
     with pytest.raises(gc.GraphError, match=r"Function \w+ \(applied at .*\) lies on the path to the loss, "
                                             r"but its backward '\w+' is not in this graph's model"):
         gc.grad(gc.load(proto), "loss")
+
+
+def _behind(lib, function_base, checkpoint):
+    """A Linear whose output reaches the loss only through a Function (in a checkpoint region before it)."""
+    saved_exp = _functions(lib, function_base)[2]
+
+    class Behind(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = lib.nn.Linear(3, 4), lib.nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = checkpoint(lambda t: lib.tanh(self.fc1(t)), x, use_reentrant=False)
+            return self.fc2(saved_exp.apply(h * 0.5))
+
+    return Behind
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_params_only_a_function_reads_train(backend):
+    """Before: fc1 was frozen (manifest.frozen, no step), as if the Function's outputs were gc.detach'ed."""
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    from graphc.utils.checkpoint import checkpoint
+    net = _behind(gc, gc.autograd.Function, checkpoint)().double()
+    model = gc.capture(net, x=gc.spec("float64", ("N", 3)))
+    artifacts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1, momentum=0.9))
+    assert artifacts.manifest.frozen == []
+    twin = _behind(torch, torch.autograd.Function, torch_checkpoint)().double()
+    twin.load_state_dict({k: torch.tensor(v) for k, v in model.params.items()})
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    trainer = gc.Trainer(artifacts, backend=backend)
+    for _ in range(3):
+        x, y = RNG.normal(size=(6, 3)), RNG.integers(0, 2, size=6)
+        got = trainer.step({"x": x, "y": y})
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(torch.tensor(x)), torch.tensor(y))
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-10)
+    for name, want in twin.state_dict().items():
+        np.testing.assert_allclose(trainer.params[name], want.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
