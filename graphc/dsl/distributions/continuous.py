@@ -1,5 +1,6 @@
 """torch.distributions' continuous families of one parameter pair: ``Normal``, ``LogNormal``,
-``Laplace``, ``Cauchy``, ``Exponential``, ``Uniform`` and ``Gumbel``, with torch's formulas; ``rsample``
+``Laplace``, ``Cauchy``, ``Exponential``, ``Uniform`` and ``Gumbel`` (and ``GeneralizedPareto``, a location-scale
+family with a shape), with torch's formulas; ``rsample``
 transforms ``gc.randn_like``/``gc.rand_like`` noise, so the gradient reaches the parameters as torch's."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from graphc.dsl.distributions.base import NONNEGATIVE, POSITIVE, REAL, Distribut
 from graphc.dsl.distributions.transformed_distribution import TransformedFamily
 from graphc.dsl.distributions.transforms_elementwise import ExpTransform
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import cast, clip, exp, log, maximum
+from graphc.dsl.ops import cast, clip, exp, log, maximum, where
 from graphc.dsl.ops_array import full_like
 from graphc.dsl.ops_elementwise import atan, expm1, log1p, tan
 from graphc.dsl.ops_math import sign
@@ -255,4 +256,80 @@ class Gumbel(_LocScale):
         return log(self.scale) + (1 + EULER)
 
 
-__all__ = ["Cauchy", "Exponential", "Gumbel", "Laplace", "LogNormal", "Normal", "Uniform"]
+def _generalized_pareto_support(v: np.ndarray, d: GeneralizedPareto) -> Any:
+    """``loc <= v``, and ``v <= loc - scale / concentration`` where ``concentration < 0`` (constants only)."""
+    loc, scale, c = known(d.loc), known(d.scale), known(d.concentration)
+    if loc is None or scale is None or c is None:
+        return True
+    with np.errstate(all="ignore"):
+        upper = np.where(c < 0, loc - scale / np.where(c < 0, c, -1.0), np.inf)
+    return (v >= loc) & (v <= upper)
+
+
+class GeneralizedPareto(Distribution):
+    """``torch.distributions.GeneralizedPareto(loc, scale, concentration)``: a concentration within ``1e-8`` of 0
+    (torch's ``isclose``) takes the exponential limit; mean nan for ``concentration >= 1``, variance nan for
+    ``concentration >= 1/2``, as torch's; ``rsample`` is ``icdf`` of a uniform draw."""
+
+    has_rsample = True
+    support = ("interval [loc, loc - scale / concentration if concentration < 0 else inf]",
+               _generalized_pareto_support)
+
+    def __init__(self, loc: Any, scale: Any, concentration: Any, validate_args: bool | None = None):
+        name = "GeneralizedPareto"
+        self.loc, self.scale, self.concentration = params(name, loc=loc, scale=scale, concentration=concentration)
+        super().__init__(self.loc.shape, (), validate_args)
+        if self._validate_args:
+            check(name, "loc", self.loc, REAL)
+            check(name, "scale", self.scale, POSITIVE)
+            check(name, "concentration", self.concentration, REAL)
+
+    def _conc(self) -> tuple:
+        """``(c == 0 within 1e-8, c with those set to 1)``: the branch and a concentration safe to divide by."""
+        zero = abs_(self.concentration) <= 1e-8
+        return zero, where(zero, 1.0, self.concentration)
+
+    mode = property(lambda self: self.loc)
+
+    @property
+    def mean(self) -> Tensor:
+        c = self.concentration
+        return where(c < 1.0, self.loc + self.scale / (1.0 - where(c < 1.0, c, 0.5)), math.nan)
+
+    @property
+    def variance(self) -> Tensor:
+        c = self.concentration
+        safe = where(c < 0.5, c, 0.25)
+        return where(c < 0.5, self.scale * self.scale / ((1.0 - safe) * (1.0 - safe) * (1.0 - 2.0 * safe)), math.nan)
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self.icdf(rand_like(self._expanded(self.loc, sample_shape)))
+
+    def log_prob(self, value: Any) -> Tensor:
+        z = (self._value(value, self.loc) - self.loc) / self.scale
+        zero, c = self._conc()
+        y = 1.0 / c + 1.0
+        nonzero = where(y == 0.0, y, y * log1p(c * z))
+        return -log(self.scale) - where(zero, z, nonzero)
+
+    def log_survival_function(self, value: Any) -> Tensor:
+        z = (self._value(value, self.loc) - self.loc) / self.scale
+        zero, c = self._conc()
+        return where(zero, -z, -log1p(c * z) / c)
+
+    def log_cdf(self, value: Any) -> Tensor:
+        return log1p(-exp(self.log_survival_function(value)))
+
+    def cdf(self, value: Any) -> Tensor:
+        return exp(self.log_cdf(value))
+
+    def icdf(self, value: Any) -> Tensor:
+        zero, c = self._conc()
+        log_u = log1p(-self._prob(value, self.loc))
+        return where(zero, self.loc - self.scale * log_u, self.loc + self.scale / c * expm1(-c * log_u))
+
+    def entropy(self) -> Tensor:
+        return log(self.scale) + self.concentration + 1.0
+
+
+__all__ = ["Cauchy", "Exponential", "GeneralizedPareto", "Gumbel", "Laplace", "LogNormal", "Normal", "Uniform"]

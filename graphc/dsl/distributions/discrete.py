@@ -1,6 +1,7 @@
-"""torch.distributions' ``Bernoulli``, ``Categorical`` and ``OneHotCategorical``, each from ``probs`` or
-``logits`` (the other derived as torch's: probs clamped to ``[eps, 1 - eps]`` before their log).
-Categorical draws by the Gumbel-max trick (``argmax(logits + Gumbel noise)``); none has ``rsample``."""
+"""torch.distributions' ``Bernoulli``, ``Categorical``, ``OneHotCategorical`` and
+``OneHotCategoricalStraightThrough``, each from ``probs`` or ``logits`` (the other derived as torch's: probs clamped
+to ``[eps, 1 - eps]`` before their log). Categorical draws by the Gumbel-max trick (``argmax(logits + Gumbel
+noise)``); only the straight-through one has ``rsample``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from graphc.dsl.distributions.base import (BOOLEAN, NONNEGATIVE, REAL, UNIT_INTERVAL, Distribution, check, enumerated,
                                            fail, finfo, params)
-from graphc.dsl.ops import cast, clip, constant, log, maximum, sigmoid, softmax, where
+from graphc.dsl.ops import cast, clip, constant, detach, log, maximum, sigmoid, softmax, where
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, full_like, gather, logsumexp, one_hot
 from graphc.dsl.ops_elementwise import log1p
@@ -183,4 +184,15 @@ class OneHotCategorical(Distribution):
         return self._categorical.entropy()
 
 
-__all__ = ["Bernoulli", "Categorical", "OneHotCategorical", "binary_params", "clamped_probs", "one_of", "softplus"]
+class OneHotCategoricalStraightThrough(OneHotCategorical):
+    """``torch.distributions.OneHotCategoricalStraightThrough``: ``rsample`` is the one-hot draw whose gradient is
+    that of ``probs`` (the straight-through estimator: ``sample + probs - detach(probs)``)."""
+
+    has_rsample = True
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self.sample(sample_shape) + (self.probs - detach(self.probs))
+
+
+__all__ = ["Bernoulli", "Categorical", "OneHotCategorical", "OneHotCategoricalStraightThrough", "binary_params",
+           "clamped_probs", "one_of", "softplus"]

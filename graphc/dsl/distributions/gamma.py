@@ -1,7 +1,7 @@
 """torch.distributions' families of the Gamma function: ``Gamma``, ``Chi2``, ``Beta``, ``Dirichlet``,
-``StudentT`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``). ``sample`` draws
-by rejection (Marsaglia-Tsang Gamma draws, ``graphc.dsl.ops_rejection``); ``rsample`` draws the same and
-differentiates them implicitly, as torch's: Gamma draws by ``gc._standard_gamma``'s gradient, Dirichlet (and Beta,
+``StudentT``, ``FisherSnedecor`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``).
+``sample`` draws by rejection (Marsaglia-Tsang Gamma draws, ``graphc.dsl.ops_rejection``); ``rsample`` draws the same
+and differentiates them implicitly, as torch's: Gamma draws by ``gc._standard_gamma``'s gradient, Dirichlet (and Beta,
 its first component) draws by ``gc._dirichlet_grad`` (``graphc.dsl.ops_gamma_grad``). VonMises has no ``rsample``,
 as torch's."""
 
@@ -236,6 +236,56 @@ class StudentT(_GammaDrawn):
         return log(self.scale) + half1 * (digamma(half1) - digamma(half)) + 0.5 * log(self.df) + lbeta
 
 
+class FisherSnedecor(_GammaDrawn):
+    """``torch.distributions.FisherSnedecor(df1, df2)``: ``X1 / X2`` of ``Gamma(df / 2, df)`` draws; mean nan for
+    ``df2 <= 2``, mode nan for ``df1 <= 2``, variance nan for ``df2 <= 4``, no entropy, as torch's."""
+
+    support = POSITIVE
+
+    def __init__(self, df1: Any, df2: Any, validate_args: bool | None = None):
+        self.df1, self.df2 = params("FisherSnedecor", df1=df1, df2=df2)
+        super().__init__(self.df1.shape, (), validate_args)
+        if self._validate_args:
+            check("FisherSnedecor", "df1", self.df1, POSITIVE)
+            check("FisherSnedecor", "df2", self.df2, POSITIVE)
+        self._gamma1 = Gamma(self.df1 * 0.5, self.df1, validate_args=False)
+        self._gamma2 = Gamma(self.df2 * 0.5, self.df2, validate_args=False)
+
+    @property
+    def mean(self) -> Tensor:
+        d2 = where(self.df2 > 2.0, self.df2, 3.0)  # a safe df2 where nan is the answer (no inf in the gradient)
+        return where(self.df2 > 2.0, d2 / (d2 - 2.0), math.nan)
+
+    @property
+    def mode(self) -> Tensor:
+        d1, d2 = self.df1, self.df2
+        return where(d1 > 2.0, (d1 - 2.0) / d1 * d2 / (d2 + 2.0), math.nan)
+
+    @property
+    def variance(self) -> Tensor:
+        d1, d2 = self.df1, where(self.df2 > 4.0, self.df2, 5.0)
+        return where(self.df2 > 4.0, 2.0 * d2 * d2 * (d1 + d2 - 2.0) / (d1 * (d2 - 2.0) * (d2 - 2.0) * (d2 - 4.0)),
+                     math.nan)
+
+    def _draw(self, sample_shape: Any, method: str) -> Tensor:
+        """``X1 / X2``, each at least the dtype's smallest normal number (floors the gradient stops at), as torch's."""
+        tiny = float(finfo(self.df1).tiny)
+        x1, x2 = (getattr(g, method)(sample_shape) for g in (self._gamma1, self._gamma2))
+        return maximum(x1 / maximum(x2, tiny), tiny)
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        return detach(self._draw(sample_shape, "sample"))
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self._draw(sample_shape, "rsample")
+
+    def log_prob(self, value: Any) -> Tensor:
+        v = self._value(value, self.df1)
+        ct1, ct2, ct3 = self.df1 * 0.5, self.df2 * 0.5, self.df1 / self.df2
+        t1 = lgamma(ct1 + ct2) - lgamma(ct1) - lgamma(ct2)
+        return t1 + ct1 * log(ct3) + (ct1 - 1.0) * log(v) - (ct1 + ct2) * log1p(ct3 * v)
+
+
 class VonMises(Distribution):
     """``torch.distributions.VonMises(loc, concentration)``: ``log I0``/``I1`` from ``gc.special.i0e``/``i1e``;
     ``sample`` by Best-Fisher rejection in float64, as torch's (which has no ``rsample``)."""
@@ -279,4 +329,4 @@ class VonMises(Distribution):
         return k * cos(self._value(value, self.loc) - self.loc) - math.log(2 * math.pi) - (log(i0e(k)) + k)
 
 
-__all__ = ["Beta", "Chi2", "Dirichlet", "Gamma", "StudentT", "VonMises"]
+__all__ = ["Beta", "Chi2", "Dirichlet", "FisherSnedecor", "Gamma", "StudentT", "VonMises"]

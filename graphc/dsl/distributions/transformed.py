@@ -1,7 +1,7 @@
 """torch.distributions' transformed families: ``HalfNormal``, ``HalfCauchy`` (``|x|`` of a Normal/Cauchy),
-``Pareto`` (``scale * exp(x)`` of an Exponential), ``RelaxedBernoulli`` (``sigmoid`` of a logistic) and
-``RelaxedOneHotCategorical`` (``softmax`` of Gumbel-perturbed logits), with torch's formulas; ``rsample``
-transforms the base's reparameterised draw."""
+``Pareto`` (``scale * exp(x)`` of an Exponential), ``RelaxedBernoulli`` (``sigmoid`` of a logistic),
+``RelaxedOneHotCategorical`` (``softmax`` of Gumbel-perturbed logits) and ``LogisticNormal`` (stick breaking of a
+Normal), with torch's formulas; ``rsample`` transforms the base's reparameterised draw."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, SIMPLEX, UNIT_
                                            known, params, sum_rightmost)
 from graphc.dsl.distributions.continuous import Cauchy, Exponential, Normal
 from graphc.dsl.distributions.discrete import Categorical, binary_params, clamped_probs, softplus
-from graphc.dsl.distributions.transformed_distribution import TransformedFamily
+from graphc.dsl.distributions.transformed_distribution import TransformedDistribution, TransformedFamily
 from graphc.dsl.distributions.transforms_elementwise import AbsTransform, AffineTransform, ExpTransform
+from graphc.dsl.distributions.transforms_vector import StickBreakingTransform
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import clip, exp, log, sigmoid, where
 from graphc.dsl.ops_array import full_like, logsumexp, zeros_like
@@ -181,4 +182,20 @@ class RelaxedOneHotCategorical(Distribution):
         return score + (math.lgamma(k) + (k - 1) * log(t)) - sum_rightmost(x, 1)
 
 
-__all__ = ["HalfCauchy", "HalfNormal", "Pareto", "RelaxedBernoulli", "RelaxedOneHotCategorical"]
+class LogisticNormal(TransformedDistribution):
+    """``torch.distributions.LogisticNormal(loc, scale)``: ``StickBreakingTransform`` of ``Normal(loc, scale)``'s
+    draws over the last dim (a 0-d Normal is taken as one of batch ``(1,)``, as torch's), event shape ``(K + 1,)``
+    for ``K`` Normal coordinates."""
+
+    has_rsample, support = True, SIMPLEX
+
+    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
+        base = Normal(loc, scale, validate_args)
+        base = base if base.batch_shape else base.expand((1,))
+        super().__init__(base, StickBreakingTransform(), validate_args)
+
+    loc = property(lambda self: self.base_dist.base_dist.loc)
+    scale = property(lambda self: self.base_dist.base_dist.scale)
+
+
+__all__ = ["HalfCauchy", "HalfNormal", "LogisticNormal", "Pareto", "RelaxedBernoulli", "RelaxedOneHotCategorical"]
