@@ -57,7 +57,9 @@ class Module:
                                f"assigning {name!r}")
         d = self.__dict__
         kind, held = registered(d, name)
-        if isinstance(value, Parameter):  # onto any name, as torch's
+        if name in d.get("_assign", {}):  # a parametrized tensor: torch's right_inverse into its original
+            d["_assign"][name](self, value)
+        elif isinstance(value, Parameter):  # onto any name, as torch's
             register(d, "_parameters", name, value, "buffer" if value.buffer else "parameter")
         elif kind == "parameter" and value is not None:
             raise wrong_kind(self, name, kind, value)
@@ -115,19 +117,23 @@ class Module:
         buffer.persistent = persistent
         self.__setattr__(name, buffer)
 
-    def register_computed(self, name: str, compute: Any, per_call: bool = False) -> None:
+    def register_computed(self, name: str, compute: Any, per_call: bool = False, assign: Any = None) -> None:
         """Make ``self.<name>`` read ``compute(self)`` (``compute=None``: forget it): a weight made
         from other parameters each time it is read, as torch's parametrizations make it.
         ``per_call``: computed once per call of this module in a capture, before ``forward``, and
         read as that value until the next call, as torch's weight_norm/spectral_norm hooks set it
         in a forward pre-hook (a training-mode spectral norm's power iteration runs once per call
-        however often forward reads the weight); read before any call, computed as without."""
+        however often forward reads the weight); read before any call, computed as without. ``assign``:
+        ``self.<name> = value`` calls ``assign(self, value)``, as a parametrization's ``right_inverse``."""
         computed = self.__dict__.setdefault("_computed", {})
+        self.__dict__.setdefault("_assign", {}).pop(name, None)
         per_call_names = self.__dict__.setdefault("_per_call", set())
         computed.pop(name, None)
         per_call_names.discard(name)
         if compute is not None:
             computed[name] = compute
+            if assign is not None:
+                self.__dict__["_assign"][name] = assign
             if per_call:
                 per_call_names.add(name)
 

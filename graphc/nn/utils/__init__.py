@@ -1,8 +1,8 @@
 """``gc.nn.utils``: torch.nn.utils's helpers for writing models, under its names: ``rnn`` (padding
 and packing), weight and spectral norm (hook and ``parametrizations`` forms), parameter vectors,
-conv/linear + BatchNorm fusion, ``skip_init``; the ``clip_grad`` functions refuse, naming why."""
+conv/linear + BatchNorm fusion, ``parametrize`` (torch's general parametrizations), ``skip_init``; the ``clip_grad`` functions refuse, naming why."""
 
-from graphc.nn.utils import parametrizations, rnn
+from graphc.nn.utils import parametrizations, parametrize, rnn
 from graphc.nn.utils.clip_grad import (clip_grad_norm, clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_,
                                        get_total_norm)
 from graphc.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
@@ -12,5 +12,5 @@ from graphc.nn.utils.norms import remove_spectral_norm, remove_weight_norm, spec
 
 __all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "fuse_conv_bn_eval",
            "fuse_conv_bn_weights", "fuse_linear_bn_eval", "fuse_linear_bn_weights", "get_total_norm",
-           "parameters_to_vector", "parametrizations", "remove_spectral_norm", "remove_weight_norm", "rnn",
+           "parameters_to_vector", "parametrizations", "parametrize", "remove_spectral_norm", "remove_weight_norm", "rnn",
            "skip_init", "spectral_norm", "vector_to_parameters", "weight_norm"]

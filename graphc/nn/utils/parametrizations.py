@@ -1,50 +1,72 @@
-"""``gc.nn.utils.parametrizations``: torch's parametrization forms of weight and spectral norm, with
-its ``state_dict`` keys (``parametrizations.weight.original0``/``original1``;
-``parametrizations.weight.original`` and ``parametrizations.weight.0._u``/``_v``), so torch
-checkpoints load. ``module.<name>`` is computed from them each time it is read, as torch's
-parametrizations outside ``parametrize.cached()``: a training-mode spectral norm's power iteration
-runs at each read (the hook form, ``norms``, runs it once per call of the module)."""
+"""``gc.nn.utils.parametrizations``: torch's weight norm, spectral norm and orthogonal parametrizations,
+registered through ``parametrize.register_parametrization`` as torch's, with its ``state_dict`` keys
+(``parametrizations.weight.original0``/``original1``; ``parametrizations.weight.original`` and
+``parametrizations.weight.0._u``/``_v``; ``parametrizations.weight.0.base``), so torch checkpoints load.
+``module.<name>`` is computed from them each time it is read, as torch's parametrizations outside
+``parametrize.cached()``: a training-mode spectral norm's power iteration runs at each read (the hook form,
+``norms``, runs it once per call of the module)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl import ops_math
-from graphc.dsl.builder import user_source
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import active, user_source
 from graphc.errors import CaptureError
-from graphc.nn.containers import ModuleDict
 from graphc.nn.module import Module, Parameter
-from graphc.nn.utils.norms import (as_matrix, initial_uv, normed_weight, norm_except_dim, param_like, power_steps,
-                                   read, spectral_dim, spectral_weight, take_weight, unit, weight_value)
+from graphc.nn.utils.norms import (as_matrix, initial_uv, normed_weight, norm_except_dim, power_steps,
+                                   read, spectral_dim, spectral_weight, unit)
+from graphc.nn.utils.orthogonal import orthogonal
+from graphc.nn.utils.parametrize import register_parametrization, tensor_value
 
-__all__ = ["spectral_norm", "weight_norm"]
-
-
-class ParametrizationList(Module):
-    """What torch keeps under ``module.parametrizations.<name>``: the original tensor(s) and, for
-    spectral norm, the parametrization ``0`` holding its ``_u``/``_v`` buffers."""
+__all__ = ["orthogonal", "spectral_norm", "weight_norm"]
 
 
-def _parametrize(module: Module, name: str, fn: str) -> tuple[Parameter, ParametrizationList]:
-    weight = take_weight(module, name, fn)
-    if "parametrizations" not in module._modules:
-        module.parametrizations = ModuleDict()
-    entry = ParametrizationList()
-    module.parametrizations[name] = entry
-    return weight, entry
+class _WeightNorm(Module):
+    """``g * v / ||v||``, the norm over every dim but ``dim`` (all of them for -1)."""
+
+    def __init__(self, dim: int | None = 0) -> None:
+        super().__init__()
+        self.dim = -1 if dim is None else dim
+
+    def forward(self, weight_g: Any, weight_v: Any) -> Any:
+        return normed_weight(weight_g, weight_v, self.dim)
+
+    def right_inverse(self, weight: Any) -> tuple[Any, Any]:
+        return norm_except_dim(weight, self.dim), weight
 
 
 def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Module:
     """``torch.nn.utils.parametrizations.weight_norm``: ``original0`` (g) and ``original1`` (v), frozen where
     the weight was (torch's parametrization keeps its ``requires_grad``)."""
-    weight, entry = _parametrize(module, name, "parametrizations.weight_norm")
-    v = weight_value(weight)
-    entry.original0 = param_like(norm_except_dim(v, dim), weight).requires_grad_(weight.requires_grad)
-    entry.original1 = param_like(v, weight).requires_grad_(weight.requires_grad)
-    module.register_computed(name, lambda m: normed_weight(*(read(m.parametrizations[name], f"original{i}")
-                                                             for i in (0, 1)), dim))
-    return module
+    tensor_value(module, name, "parametrizations.weight_norm")
+    return register_parametrization(module, name, _WeightNorm(dim), unsafe=True)
+
+
+class _SpectralNorm(Module):
+    """``w / sigma`` with the buffers ``_u``, ``_v`` (a vector: ``w / max(||w||, eps)``, no buffers)."""
+
+    def __init__(self, weight: np.ndarray, n_power_iterations: int, dim: int, eps: float) -> None:
+        super().__init__()
+        self.dim, self.eps, self.n_power_iterations = dim, eps, n_power_iterations
+        if weight.ndim > 1:
+            mat = as_matrix(weight, dim)
+            u, v = power_steps(mat, *initial_uv(mat, eps), 15, eps)
+            self._u, self._v = (Parameter(x.astype(weight.dtype), dtype=str(weight.dtype), buffer=True)
+                                for x in (u, v))
+
+    def forward(self, weight: Any) -> Any:
+        if active() is None:  # torch's read outside a capture: the buffers' values, iterated in training mode
+            weight = np.asarray(weight)
+        if weight.ndim == 1:
+            return ops_math.normalize(weight, dim=0, eps=self.eps) if active() is not None else unit(weight, self.eps)
+        u, v = read(self, "_u"), read(self, "_v")
+        if active() is None and self.training:
+            u, v = power_steps(as_matrix(weight, self.dim), u, v, self.n_power_iterations, self.eps)
+            self._u.data, self._v.data = u, v
+        return spectral_weight(self, weight, u, v, self.dim, (self.n_power_iterations, self.eps, True))
 
 
 def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
@@ -59,32 +81,6 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     if n_power_iterations <= 0:
         raise CaptureError(f"parametrizations.spectral_norm: n_power_iterations must be positive, got "
                            f"{n_power_iterations} (at {user_source()})")
-    weight, entry = _parametrize(module, name, "parametrizations.spectral_norm")
-    w = weight_value(weight)
+    w = np.asarray(tensor_value(module, name, "parametrizations.spectral_norm"))
     dim = spectral_dim(module, dim, w.ndim, "parametrizations.spectral_norm", negative=True)
-    entry.original = weight
-    power = Module()
-    entry.add_module("0", power)
-    if w.ndim == 1:
-        module.register_computed(name, lambda m: _unit_weight(read(m.parametrizations[name], "original"), eps))
-        return module
-    mat = as_matrix(w, dim)
-    u, v = power_steps(mat, *initial_uv(mat, eps), 15 + n_power_iterations * module.training, eps)
-    power._u = param_like(u, weight, buffer=True)
-    power._v = param_like(v, weight, buffer=True)
-
-    def compute(m: Module):
-        entry = m.parametrizations[name]
-        w, u, v = read(entry, "original"), *(read(entry._modules["0"], s) for s in ("_u", "_v"))
-        if not isinstance(w, Tensor) and m.training:  # torch's read in training mode iterates
-            u, v = power_steps(as_matrix(w, dim), u, v, n_power_iterations, eps)
-            entry._modules["0"]._u.data, entry._modules["0"]._v.data = u, v
-        return spectral_weight(m, w, u, v, dim, (n_power_iterations, eps, True))
-
-    module.register_computed(name, compute)
-    return module
-
-
-def _unit_weight(w: Any, eps: float) -> Any:
-    """``w / max(||w||, eps)``: torch's spectral norm of a vector."""
-    return ops_math.normalize(w, dim=0, eps=eps) if isinstance(w, Tensor) else unit(w, eps)
+    return register_parametrization(module, name, _SpectralNorm(w, n_power_iterations, dim, eps))
