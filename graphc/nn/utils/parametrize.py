@@ -122,7 +122,10 @@ class ParametrizationList(ModuleList):
             raise CaptureError(f"{self._owner}: assigning to a parametrized tensor inside gc.capture; assign "
                                f"outside it (at {user_source()})")
         for p in reversed(list(self)):
-            value = _right_inverse(p, value)
+            if not hasattr(p, "right_inverse"):
+                raise CaptureError(f"{self._owner}: parametrization {type(p).__name__} does not implement "
+                                   f"right_inverse, so the tensor cannot be assigned (at {user_source()})")
+            value = p.right_inverse(as_tensor(np.asarray(value)))
         values = [value] if self.is_tensor else list(value)
         if len(values) != self.ntensors:
             raise CaptureError(f"{self._owner}: right_inverse returned {len(values)} tensors, expected "
