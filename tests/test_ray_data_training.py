@@ -1,7 +1,8 @@
 """``gc.Trainer.fit`` from a ``ray.data.Dataset`` (``gc.data.RayDataLoader``), against a
 ``gc.data.DataLoader`` over the same rows as the oracle: its batches, shards and order read
 directly, and ``fit`` from it (float64 MLP, numpy and ort-cpu), on one loopback Ray session for the
-module. The data-parallel test, two workers started, is opt-in (``GRAPHC_RAY_DATA_DP_TESTS=1``)."""
+module; datasets whose blocks disagree (dtypes, columns, shapes, None), strings, no rows. The
+data-parallel test, two workers started, is opt-in (``GRAPHC_RAY_DATA_DP_TESTS=1``)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,89 @@ def test_bad_columns_get_the_dataloaders_errors(ray):
         gc.data.RayDataLoader(data, BATCH)
     with pytest.raises(ValueError, match="batch_size must be a whole number >= 1, got 0"):
         gc.data.RayDataLoader(_dataset(ray, data), 0)
+
+
+def _pieces(ray, *pieces: list) -> object:
+    """A dataset of one block a piece (a list of row dicts), joined by ``union`` (the pieces' schemas kept)."""
+    parts = [ray.data.from_items(rows, override_num_blocks=1) for rows in pieces]
+    return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("first, second", [(np.int32, np.int64), (np.float32, np.float64), (np.uint8, np.int16),
+                                           ("list", np.int32)])
+def test_blocks_of_one_kind_widen_as_a_dataloader_over_the_same_rows(ray, first, second):
+    """Blocks of one column in two dtypes of a kind (or equal-length lists, which Ray Data reads as
+    an object array of arrays) are served in the one dtype torch and numpy give their rows,
+    stacked: every batch, a block's rows alone too (was: the first block's dtype, or an object array)."""
+    torch = pytest.importorskip("torch")
+    rows = RNG.integers(0, 100, size=(ROWS, 3))
+    head = [{"x": r.tolist() if first == "list" else r.astype(first), "y": float(i)} for i, r in enumerate(rows[:9])]
+    tail = [{"x": r.astype(second), "y": float(i)} for i, r in enumerate(rows[9:], 9)]
+    loader = gc.data.RayDataLoader(_pieces(ray, head, tail), 4, seed=3)
+    stacked = np.concatenate([np.stack([r["x"] for r in part]) for part in (head, tail)])
+    assert str(stacked.dtype) == str(torch.cat([torch.as_tensor(np.stack([r["x"] for r in part]))
+                                                for part in (head, tail)]).dtype).removeprefix("torch.")
+    want = gc.data.DataLoader({"x": stacked, "y": np.arange(ROWS, dtype=np.float64)}, 4, seed=3, prefetch=0)
+    assert loader.arrays["x"].dtype == stacked.dtype and loader.fingerprint() == want.fingerprint()
+    for epoch in (0, 1):
+        for index, (got, expected) in enumerate(zip(loader.iter_epoch(epoch), want.iter_epoch(epoch))):
+            _equal(got, expected, f"epoch {epoch} batch {index}")
+    np.testing.assert_array_equal(loader.batch(0, 1, slice(2, 4))["x"], want.batch(0, 1, slice(2, 4))["x"])
+
+
+@pytest.mark.parametrize("pieces, words", [
+    ([[{"x": 1, "y": 0.5}] * 4, [{"x": 2.5, "y": 0.5}] * 3],
+     r"column 'x' is int64 in block 0 \(rows 0-3\) and float64 in block 1 \(rows 4-6\): no dtype holds both"),
+    ([[{"x": 1.0, "y": 0.5}] * 4, [{"x": 2.0}] * 3],
+     r"column 'y' is in block 0 \(rows 0-3\) but not in block 1 \(rows 4-6\): every block"),
+    ([[{"x": 1.0, "y": v} for v in (1, 2, None, 4, None)]],
+     r"column 'y' has 2 null value\(s\) \(None\) in block 0 \(rows 0-4\), the first at row 2: numpy would read"),
+    ([[{"x": 1.0, "y": 1.0}] * 2, [{"x": 1.0, "y": None}, {"x": 1.0, "y": "a"}]],
+     r"column 'y' has 1 null value\(s\) \(None\) in block 1 \(rows 2-3\), the first at row 2"),
+    ([[{"x": np.zeros((2, 2)), "y": 1.0}] * 3, [{"x": np.zeros((3, 2)), "y": 1.0}] * 2],
+     r"column 'x' holds rows of different shapes: \(2, 2\) \(row 0\) and \(3, 2\) \(row 3\); a batch stacks"),
+    ([[{"x": np.zeros((4, 4, 3)), "y": 1.0}, {"x": np.zeros((5, 3, 3)), "y": 1.0}]],
+     r"column 'x' holds rows of different shapes: \(4, 4, 3\) \(row 0\) and \(5, 3, 3\) \(row 1\)"),
+    ([[{"x": [1, 2, 3], "y": 1.0}] * 2, [{"x": [1, 2], "y": 1.0}, {"x": [1, 2, 3, 4], "y": 1.0}]],
+     r"column 'x' holds rows of different shapes: \(2,\) \(row 2\) and \(4,\) \(row 3\)"),
+], ids=["int-float", "missing", "none-int", "none-string", "images-blocks", "images-block", "token-lists"])
+def test_columns_that_are_not_one_array_are_refused_naming_the_column_and_rows(ray, pieces, words):
+    """A column in two kinds of dtype, missing from a block, with None, or of ragged rows (images,
+    token lists) is an InputError at the first use, ``fit``'s too (was: silent casts, NaN, or
+    numpy's errors from inside a Ray task at the batch reaching that block)."""
+    with pytest.raises(gc.InputError, match=words):
+        list(gc.data.RayDataLoader(_pieces(ray, *pieces), 2, shuffle=False))
+    with pytest.raises(gc.InputError, match=words):
+        gc.Trainer(_arts(), backend="numpy").fit(gc.data.RayDataLoader(_pieces(ray, *pieces), 2), epochs=1,
+                                                 progress=False)
+
+
+def test_strings_empty_data_and_data_smaller_than_a_batch_as_a_dataloader(ray):
+    """A string column is served as an object array of str (torch's collate: a list of them) and a
+    model input of it gets the DataLoader's dtype error; no rows, or fewer than a batch with
+    ``drop_last``, give no batch and ``fit``'s DataLoader error; fewer without, one short batch."""
+    rows = [{"x": RNG.normal(size=4), "y": RNG.normal(size=2), "w": w} for w in ("a", "bb", "ccc", "dddd")]
+    data = {name: np.array([r[name] for r in rows], dtype=object if name == "w" else None) for name in rows[0]}
+    for drop_last in (False, True):
+        loader = gc.data.RayDataLoader(_pieces(ray, rows[:1], rows[1:]), 6, drop_last=drop_last, seed=1)
+        want = gc.data.DataLoader(data, 6, drop_last=drop_last, seed=1, prefetch=0)
+        assert len(loader) == len(want) == (0 if drop_last else 1)
+        for got, expected in zip(loader.iter_epoch(0), want.iter_epoch(0), strict=True):
+            _equal(got, expected, "the short batch")
+        if drop_last:
+            with pytest.raises(ValueError, match=r"training loader gives no batch: 4 rows in batches of 6, the last"):
+                gc.Trainer(_arts(), backend="numpy").fit(loader, epochs=1, progress=False)
+    trainer = gc.Trainer(_arts(), backend="numpy")  # the string column given as the model's input 'x'
+    with pytest.raises(gc.InputError, match=r"array 'x': expected dtype float64") as expected:
+        trainer.fit(gc.data.DataLoader({"x": data["w"], "y": data["y"]}, 2), epochs=1, progress=False)
+    strings = _pieces(ray, [{"x": r["w"], "y": r["y"]} for r in rows])
+    with pytest.raises(gc.InputError, match=r"array 'x': expected dtype float64") as got:
+        trainer.fit(gc.data.RayDataLoader(strings, 2), epochs=1, progress=False)
+    assert str(got.value) == str(expected.value)
+    empty = gc.data.RayDataLoader(_pieces(ray, rows).filter(lambda r: False), 6)
+    assert (empty.num_samples, len(empty), list(empty), empty.arrays) == (0, 0, [], {})
+    with pytest.raises(ValueError, match=r"the training loader gives no batch: 0 rows in batches of 6$"):
+        gc.Trainer(_arts(), backend="numpy").fit(empty, epochs=1, progress=False)
 
 
 @pytest.mark.skipif(os.environ.get("GRAPHC_RAY_DATA_DP_TESTS") != "1",

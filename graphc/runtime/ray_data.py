@@ -5,10 +5,11 @@ gather on the driver.
     trainer.fit(loader, epochs=5)          # gc.Trainer(..., workers=N) too
 
 The dataset is run once, in order (Ray Data's ``preserve_order``), into Ray's object store (which
-spills to disk); the reader keeps the blocks' refs and row counts. Epoch ``e`` serves the rows in
-the order a ``DataLoader`` with the same settings serves the same rows (the permutation of
-``numpy.random.default_rng((seed, e))``; no shuffle: the dataset's order), so any batch of any
-epoch is served again from the settings alone and a checkpoint resumes mid-epoch exactly.
+spills to disk); the reader keeps the blocks' refs, row counts and columns (``ray_columns``).
+Epoch ``e`` serves the rows in the order a ``DataLoader`` with the same settings serves the same
+rows (the permutation of ``numpy.random.default_rng((seed, e))``; no shuffle: the dataset's
+order), so any batch of any epoch is served again from the settings alone and a checkpoint
+resumes mid-epoch exactly.
 
 The reader knows the block and offset of each row it serves; Ray tasks move the rows. The epoch is
 cut into chunks of whole batches, about a block's rows each: a block whose rows go to several
@@ -32,35 +33,25 @@ import numpy as np
 
 from graphc.model.dtypes import TensorSpec
 from graphc.runtime.data import check_arrays, check_whole
+from graphc.runtime.ray_columns import Column, Columns, arrays, block_layout, checked
 
 __all__ = ["RayDataLoader"]
 
 AHEAD = 2  # chunks joined ahead of the one being read
-Columns = Optional[tuple[str, ...]]
 
 
-def _rows(table: Any) -> int:
-    return table.num_rows
-
-
-def _arrays(table: Any, columns: Columns) -> dict[str, np.ndarray]:
-    """A stored block's ``columns`` (None: all) as numpy arrays, as ``iter_batches`` converts them."""
-    from ray.data.block import BlockAccessor
-
-    return BlockAccessor.for_block(table if columns is None else table.select(list(columns))).to_batch_format("numpy")
-
-
-def _split(columns: Columns, table: Any, *offsets: np.ndarray) -> tuple[dict[str, np.ndarray], ...]:
+def _split(columns: Columns, layout: dict[str, Column], table: Any,
+           *offsets: np.ndarray) -> tuple[dict[str, np.ndarray], ...]:
     """The rows at each of ``offsets`` of block ``table``: what it gives each chunk it feeds."""
-    arrays = _arrays(table, columns)
-    return tuple({name: a[at] for name, a in arrays.items()} for at in offsets)
+    got = arrays(table, columns, layout)
+    return tuple({name: a[at] for name, a in got.items()} for at in offsets)
 
 
-def _joined(order: Optional[np.ndarray], columns: Columns, offsets: Sequence[Optional[np.ndarray]],
-            *parts: Any) -> dict[str, np.ndarray]:
+def _joined(order: Optional[np.ndarray], columns: Columns, layout: dict[str, Column],
+            offsets: Sequence[Optional[np.ndarray]], *parts: Any) -> dict[str, np.ndarray]:
     """A chunk's rows: each of ``parts`` (a stored block's rows at its ``offsets``, or a part of a
     split block: offsets None) in turn, then put in ``order`` (None: as they are)."""
-    pieces = [p if at is None else {name: a[at] for name, a in _arrays(p, columns).items()}
+    pieces = [p if at is None else {name: a[at] for name, a in arrays(p, columns, layout).items()}
               for p, at in zip(parts, offsets)]
     whole = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
     return whole if order is None else {name: a[order] for name, a in whole.items()}
@@ -98,6 +89,7 @@ class RayDataLoader:
         self.epoch = 0  # the epoch the next plain ``iter(loader)`` runs
         self._blocks: Optional[list] = None  # the blocks' refs in Ray's object store (``_store``)
         self._firsts = np.zeros(0, np.int64)  # each block's first row
+        self._columns: dict[str, Column] = {}  # each column's dtype and row shape (``ray_columns.checked``)
         self._reading: dict = {}  # columns -> (key, next batch index, stream): the stream ``batch`` reads on
         self._open: weakref.WeakSet = weakref.WeakSet()  # the streams not yet read to their end (``close``)
         self._arrays: Optional[dict[str, np.ndarray]] = None
@@ -113,15 +105,17 @@ class RayDataLoader:
 
     # -- the stored rows ----------------------------------------------------------------------------
     def _store(self) -> list:
-        """Run the dataset once, in order, into blocks in the object store (not here)."""
+        """Run the dataset once, in order, into blocks in the object store (not here), and check
+        its blocks' columns into one dtype and row shape each (``ray_columns``)."""
         if self._blocks is None:
             import ray
 
             self.dataset.context.execution_options.preserve_order = True
             refs = self.dataset.to_arrow_refs()
-            counts = ray.get([_task(_rows).remote(r) for r in refs])
-            self._firsts = np.cumsum([0, *counts], dtype=np.int64)
-            self._blocks = refs
+            layouts = ray.get([_task(block_layout).remote(r) for r in refs])
+            firsts = np.cumsum([0, *(count for count, _ in layouts)], dtype=np.int64)
+            self._columns = checked(layouts, firsts)
+            self._firsts, self._blocks = firsts, refs
         return self._blocks
 
     @property
@@ -134,9 +128,9 @@ class RayDataLoader:
         """Each column as a stand-in array (its dtype and row shape, ``num_samples`` rows, no data):
         what ``check_against`` checks and a data-parallel driver's batches stand in for."""
         if self._arrays is None:
-            first = self._read(np.zeros(1, np.int64), np.array([0, 1]), None)
-            self._arrays = {name: np.broadcast_to(np.zeros((), a.dtype), (self.num_samples, *a.shape[1:]))
-                            for name, a in next(first).items()}
+            self._store()
+            self._arrays = {name: np.broadcast_to(np.zeros((), c.dtype), (self.num_samples, *c.shape))
+                            for name, c in self._columns.items()}
         return self._arrays
 
     def fingerprint(self) -> str:
@@ -196,13 +190,13 @@ class RayDataLoader:
                 whole = len(feeds[j]) == 1
                 if not whole and (k, j) not in split:
                     refs = _task(_split).options(num_returns=len(feeds[j])).remote(
-                        columns, blocks[j], *(offset[p] for _, p in feeds[j]))
+                        columns, self._columns, blocks[j], *(offset[p] for _, p in feeds[j]))
                     split.update({(c, j): ref for (c, _), ref in zip(feeds[j], refs)})
                 parts.append(blocks[j] if whole else split.pop((k, j)))
                 offsets.append(offset[places] if whole else None)
             at = np.concatenate([p for _, p in fed[k]])
             order = None if np.all(at[1:] > at[:-1]) else np.argsort(at)
-            return _task(_joined).remote(order, columns, offsets, *parts)
+            return _task(_joined).remote(order, columns, self._columns, offsets, *parts)
 
         pending = deque(join(k) for k in range(min(chunks, AHEAD + 1)))
         for k in range(chunks):
