@@ -76,6 +76,13 @@ def test_multinomial_log_prob_with_minus_inf_logits_matches_torch():
                          {"v": np.array([[2.0, 0.0, 1.0]]), "w": w}, RNG)
 
 
+def test_multinomial_log_prob_above_the_sample_cap_matches_torch():
+    """Only ``sample`` caps ``total_count`` (at 4096); ``log_prob`` takes any count, as torch's."""
+    v = np.array([[1000.0, 3000.0, 1000.0], [0.0, 0.0, 5000.0]])
+    assert_matches_torch(lambda M, p, v: D(M).Multinomial(5000, probs=p).log_prob(v), [PROBS], {"v": v},
+                         np.random.default_rng(5))  # its own, so the later tests' RNG draws stay as they were
+
+
 def test_mixture_log_prob_gradient_matches_central_differences():
     def fn(M, x):
         return _gmm(gc.distributions, x[0], x[1], gc.exp(x[2])).log_prob(x[3] * 2.0)
@@ -242,7 +249,7 @@ def test_expand_matches_torch(make, params, value, batch):
      r"Gamma.*value must satisfy constraints.nonnegative"),
     (lambda x: gc.distributions.Multinomial(2.5, probs=x), r"total_count must be a Python int >= 0"),
     (lambda x: gc.distributions.Multinomial(x, probs=x), r"total_count must be a Python int >= 0"),
-    (lambda x: gc.distributions.Multinomial(5000, probs=x), r"total_count must be <= 4096"),
+    (lambda x: gc.distributions.Multinomial(5000, probs=x).sample(), r"total_count must be <= 4096"),
     (lambda x: gc.distributions.Multinomial(3, probs=-np.ones(3)), r"probs must satisfy constraints.nonnegative"),
     (lambda x: gc.distributions.Multinomial(3, probs=x + 1.0).log_prob(np.array([2.0, 2.0, 0.0])),
      r"value must satisfy constraints.multinomial"),

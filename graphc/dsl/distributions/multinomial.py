@@ -26,7 +26,8 @@ def _counts(v: np.ndarray, d: Multinomial) -> Any:
 
 class Multinomial(Distribution):
     """``Multinomial(total_count=1, probs=None, logits=None)``: ``total_count`` a Python int (one for the whole
-    batch, as torch's); ``log_prob`` reads each value's own count (its sum), as torch's."""
+    batch, as torch's); ``log_prob`` reads each value's own count (its sum), as torch's; only ``sample`` caps it at
+    ``MAX_TOTAL_COUNT``."""
 
     support = ("multinomial", _counts)
 
@@ -35,9 +36,6 @@ class Multinomial(Distribution):
         if isinstance(total_count, bool) or not isinstance(total_count, (int, np.integer)) or total_count < 0:
             raise fail("Multinomial", [], f"total_count must be a Python int >= 0 (one count for the batch, as "
                                           f"torch's), got {total_count!r}")
-        if total_count > MAX_TOTAL_COUNT:
-            raise fail("Multinomial", [], f"total_count must be <= {MAX_TOTAL_COUNT} (sample draws that many "
-                                          f"Categoricals), got {total_count}")
         self.total_count = int(total_count)
         self._categorical = Categorical(probs, logits, validate_args)
         k = self._categorical.static_events("Multinomial")
@@ -53,6 +51,9 @@ class Multinomial(Distribution):
         shape = self._shape(sample_shape)
         if self.total_count == 0:
             return expand(self.probs * 0.0, *shape)
+        if self.total_count > MAX_TOTAL_COUNT:
+            raise fail("Multinomial", [], f"total_count must be <= {MAX_TOTAL_COUNT} (sample draws that many "
+                                          f"Categoricals), got {self.total_count}")
         draws = self._categorical.sample((self.total_count, *sample_shape_of("Multinomial", sample_shape)))
         return sum_(cast(one_hot(draws, self.event_shape[0]), self.probs.dtype), axis=0)
 
