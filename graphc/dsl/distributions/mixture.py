@@ -70,7 +70,8 @@ class MixtureSameFamily(Distribution):
     def variance(self) -> Tensor:
         """The mean of the components' variances plus the variance of their means."""
         probs, comp = self._weights(self.mixture_distribution.probs), self.component_distribution
-        spread = comp.mean - self._pad(self.mean)
+        comp_mean = comp.mean
+        spread = comp_mean - self._pad(self._sum_components(probs * comp_mean))
         return self._sum_components(probs * comp.variance) + self._sum_components(probs * spread * spread)
 
     def _x(self, value: Any) -> Tensor:
