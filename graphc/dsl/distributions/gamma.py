@@ -267,17 +267,17 @@ class FisherSnedecor(_GammaDrawn):
         return where(self.df2 > 4.0, 2.0 * d2 * d2 * (d1 + d2 - 2.0) / (d1 * (d2 - 2.0) * (d2 - 2.0) * (d2 - 4.0)),
                      math.nan)
 
-    def _draw(self, sample_shape: Any, method: str) -> Tensor:
+    def _draw(self, sample_shape: Any, draw: Callable[[Gamma, Any], Tensor]) -> Tensor:
         """``X1 / X2``, each at least the dtype's smallest normal number (floors the gradient stops at), as torch's."""
         tiny = float(finfo(self.df1).tiny)
-        x1, x2 = (getattr(g, method)(sample_shape) for g in (self._gamma1, self._gamma2))
+        x1, x2 = (draw(g, sample_shape) for g in (self._gamma1, self._gamma2))
         return maximum(x1 / maximum(x2, tiny), tiny)
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
-        return detach(self._draw(sample_shape, "sample"))
+        return detach(self._draw(sample_shape, Gamma.sample))
 
     def rsample(self, sample_shape: Any = ()) -> Tensor:
-        return self._draw(sample_shape, "rsample")
+        return self._draw(sample_shape, Gamma.rsample)
 
     def log_prob(self, value: Any) -> Tensor:
         v = self._value(value, self.df1)
