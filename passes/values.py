@@ -6,6 +6,7 @@ which nodes stop gradients, which nodes compute some values, a node's subgraphs 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -84,6 +85,19 @@ def drop_autograd_functions(model: ir.Model) -> bool:
     for key in keys:
         del model.functions[key]
     return bool(keys) | (model.opset_imports.pop(AUTOGRAD_DOMAIN, None) is not None)
+
+
+def _rebind_autograd(graph: ir.Graph | None, old: str, new: str) -> None:
+    """The ``gc.autograd.Function`` records on ``graph``'s markers that bind the value named ``old``
+    (an input its gradient goes to, a forward value its backward reads) bind ``new`` instead."""
+    for node in graph or ():
+        text = node.metadata_props.get(AUTOGRAD_KEY)
+        if text is None or json.dumps(old) not in text:
+            continue
+        record = json.loads(text)
+        for key in ("inputs", "reads"):
+            record[key] = [new if name == old else name for name in record[key]]
+        node.metadata_props[AUTOGRAD_KEY] = json.dumps(record)
 
 
 def stops_gradient(node: ir.Node) -> bool:
@@ -217,7 +231,8 @@ def replace_value(old: ir.Value, new: ir.Value, uses: Iterable | None = None,
                   suffix: str = "replaced") -> None:
     """Uses of ``old`` read ``new`` (only ``uses`` where given: those taken before ``new``'s nodes
     read ``old`` too); a graph output ``old`` becomes ``new`` under the old name, ``old`` renamed
-    ``<name>/<suffix>``."""
+    ``<name>/<suffix>``. A ``gc.autograd.Function`` bound to ``old`` by name is bound to ``new``."""
+    graph, before = old.graph, old.name
     name = old.name if old.is_graph_output() else None
     if uses is None:
         old.replace_all_uses_with(new, replace_graph_outputs=True)
@@ -230,6 +245,8 @@ def replace_value(old: ir.Value, new: ir.Value, uses: Iterable | None = None,
     if name is not None:
         old.name = f"{name}/{suffix}"
         new.name = name
+    if before and new.name and new.name != before:
+        _rebind_autograd(graph, before, new.name)
 
 
 def attr(node: ir.Node, name: str, default=None):
