@@ -101,11 +101,16 @@ def _apply(cls: type, args: tuple, source: str) -> Any:
         if not isinstance(out, Tensor):
             raise CaptureError(f"{where}: forward returned {type(out).__name__} as output {i}; it returns a "
                                "gc.Tensor or a tuple of them")
-    marked = [id(o.value) not in ctx._non_differentiable and o.dtype in FLOAT_DTYPES for o in outputs]
+    # torch's rule: a Tensor returned twice is its last output; the earlier ones get zero gradients
+    last = {id(o.value): i for i, o in enumerate(outputs)}
+    marked = [last[id(o.value)] == i and id(o.value) not in ctx._non_differentiable and o.dtype in FLOAT_DTYPES
+              for i, o in enumerate(outputs)]
     if not any(marked) or not builder.gradients_enabled or not any(needs):
         return result
     name = builder.unique(cls.__name__)
-    marks = [_mark(o) if m else ops.detach(o) if o.dtype in FLOAT_DTYPES else o for o, m in zip(outputs, marked)]
+    own = {i: _mark(outputs[i]) if marked[i] else ops.detach(outputs[i]) if outputs[i].dtype in FLOAT_DTYPES
+           else outputs[i] for i in sorted(last.values())}
+    marks = [own[last[id(o.value)]] for o in outputs]
     _Backward(cls, ctx, builder, name, source, args, outputs, marked).capture(marks)
     return tuple(marks) if isinstance(result, tuple) else marks[0]
 
