@@ -13,13 +13,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS",
-           "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY",
-           "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY",
-           "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random",
-           "drop_autograd_functions", "exact_attribute", "exact_attributes", "exact_float", "exchange_kind",
-           "fixed_array", "fresh_name", "needed_values", "node_attrs", "onnx_opset", "replace_value", "static_shape",
-           "stops_gradient", "subgraph_reads", "subgraphs"]
+__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_DROPPED_KEY", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY",
+           "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY",
+           "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes",
+           "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute", "exact_attributes",
+           "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values", "node_attrs", "onnx_opset",
+           "replace_value", "static_shape", "stops_gradient", "subgraph_reads", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -57,6 +57,10 @@ STOP_GRADIENT_KEY = "graphc.stop_gradient"
 # region (``autodiff/autograd_functions``), whose backward is a model-local function of this domain
 AUTOGRAD_KEY = "graphc.autograd_function"
 AUTOGRAD_DOMAIN = "graphc.autograd"
+# model metadata: a JSON list of the Functions (``"Fn (applied at file:line)"``) whose marks level 3
+# dropped; autodiff refuses such a model (``autograd_functions.refuse_dropped``): it would differentiate
+# their forwards' nodes
+AUTOGRAD_DROPPED_KEY = "graphc.dropped_autograd_functions"
 
 # node metadata of a fake quantization's QuantizeLinear + DequantizeLinear lowering (``gc.fake_quantize_*``):
 # ``"quantize"`` on the QuantizeLinear of ``x * (1 / scale)`` with scale 1 (torch's rounding), ``"output"`` on

@@ -13,7 +13,9 @@ when one of the region's ``inputs`` does, and the forward's own nodes, cut off b
 gradient (their ops need no rule). At the region's last marker the walk reaches, the backward's body is
 copied in, reading each marker's gradient (zeros for one the loss does not reach, as torch passes) and the
 bound forward values; gradients of an input passed twice are summed. ``values.drop_autograd_functions``
-drops the functions from graphs no pass differentiates again (the training artifacts, inference exports).
+drops the functions from graphs no pass differentiates again (the training artifacts, inference exports);
+a model whose marks ``gc.optimize`` at level 3 dropped names the Functions in its metadata
+(``AUTOGRAD_DROPPED_KEY``), and ``refuse_dropped`` refuses to differentiate it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,20 @@ import onnx_ir as ir
 from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import GradBuilder
 from graphc.passes.autodiff.loops import clone_body
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_DROPPED_KEY, AUTOGRAD_KEY
 
-__all__ = ["Region", "regions"]
+__all__ = ["Region", "refuse_dropped", "regions"]
+
+
+def refuse_dropped(model: ir.Model) -> None:
+    """``AutodiffError`` naming the Functions whose marks and backwards ``gc.optimize`` at level 3
+    dropped from ``model``: differentiating it would take their forwards' gradients, not theirs."""
+    dropped = json.loads(model.metadata_props.get(AUTOGRAD_DROPPED_KEY, "[]"))
+    if dropped:
+        names = ", ".join(f"gc.autograd.Function {where}" for where in dropped)
+        raise AutodiffError(f"this model cannot be differentiated: gc.optimize at level 3 (inference only) dropped "
+                            f"the backward of {names}, so its gradient would be the forward's own ops'; "
+                            "differentiate or train the captured model, or one from gc.optimize(model, level=2)")
 
 
 @dataclass

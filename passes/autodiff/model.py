@@ -9,6 +9,7 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import AutodiffError
+from graphc.passes.autodiff.autograd_functions import refuse_dropped
 from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
 from graphc.passes.autodiff.ceil_pools import floor_ceil_pools
 from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
@@ -190,6 +191,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     ``loss`` names a scalar float output. ``wrt`` names initializers (or float graph inputs);
     by default every floating-point initializer. The input model is not modified.
     """
+    refuse_dropped(model)
     new = infer_shapes(model)
     graph = new.graph
     outputs = {v.name: v for v in graph.outputs}

@@ -38,6 +38,7 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import PassError
 from graphc.model.file import clip_bounds_like_input
+from graphc.passes.autodiff.autograd_functions import refuse_dropped
 from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.emit import Emitter
@@ -97,6 +98,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none);
     ``loss_scale``: loss scaling's spec as JSON (``loss_scaling``), or None; ``autocast``: (the low
     dtype, the op types run in it) for train_step's and gradients' forward (``precision.autocast``)."""
+    refuse_dropped(model)
     base = _prepare(model)
     one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
     export_records.warn(base, batchnorm)
