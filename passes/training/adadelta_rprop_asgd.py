@@ -6,7 +6,8 @@ single-tensor path (each elementwise: the fused update steps their flat buffers 
   (1-rho)*delta*delta``; ``p -= lr*delta``.
 * Rprop: ``s = sign(g * prev)``; ``step_size = clamp(step_size * (etaplus if s > 0, etaminus if s < 0,
   else 1), *step_sizes)``; where ``s < 0`` the gradient counts as 0 (this step and as the next
-  ``prev``); ``p -= sign(g) * step_size``. ``step_size`` starts at lr (``initial_state``), ``prev``
+  ``prev``); ``p -= sign(g) * step_size``. ``step_size`` starts at the lr fed at the first step (a
+  scheduler's, as torch's first ``step_size``; ``initial_state`` holds the spec's until then), ``prev``
   at 0. No weight decay, as torch's.
 * ASGD: ``g = grad + wd*p``; ``p = p*(1 - lambd*eta) - eta*g``; ``ax = p`` while ``mu`` is 1, else
   ``ax += mu*(p - ax)``; then ``eta = lr / (1 + lambd*lr*t)^alpha`` and ``mu = 1 / max(1, t - t0)``
@@ -49,7 +50,8 @@ def rprop(ctx: StepContext, param, grad, state, etas=(0.5, 1.2), step_sizes=(1e-
     agreement = b.op("Sign", b.op("Mul", grad, state["prev"]))
     flipped = b.op("Less", agreement, c(0.0))
     factor = b.op("Where", b.op("Greater", agreement, c(0.0)), c(etas[1]), b.op("Where", flipped, c(etas[0]), c(1.0)))
-    step_size = b.op("Clip", b.op("Mul", state["step_size"], factor), c(step_sizes[0]), c(step_sizes[1]))
+    start = b.op("Where", ctx.first_step(), ctx.lr_as(like), state["step_size"])
+    step_size = b.op("Clip", b.op("Mul", start, factor), c(step_sizes[0]), c(step_sizes[1]))
     grad = b.op("Where", flipped, c(0.0), grad)
     return Step(b.op("Mul", b.op("Sign", grad), step_size), None, {"prev": grad, "step_size": step_size})
 
@@ -58,7 +60,7 @@ def _eta_mu(ctx: StepContext, lambd: float, alpha: float, t0: float):
     """This step's ``eta`` and ``mu`` (float64 scalars), their next values set in ``ctx.running_next``."""
     b, f = ctx.b, lambda v: ctx.b.const(v, np.float64)
     t, lr = ctx.float64("t"), ctx.float64("lr")
-    eta = b.op("Where", b.op("Equal", ctx.t, b.const(1, np.int64)), lr, ctx.running[ASGD_ETA])
+    eta = b.op("Where", ctx.first_step(), lr, ctx.running[ASGD_ETA])
     ctx.running_next[ASGD_ETA] = b.op("Div", lr, b.op("Pow", b.op("Add", f(1.0), b.op("Mul", b.op("Mul", f(lambd), lr), t)),
                                                       f(alpha)))
     ctx.running_next[ASGD_MU] = b.op("Div", f(1.0), b.op("Max", f(1.0), b.op("Sub", t, f(t0))))

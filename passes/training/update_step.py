@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
@@ -41,6 +42,11 @@ class StepContext:
         if (key, dtype) not in self._cache:
             self._cache[key, dtype] = self.b.op("Cast", value, to=dtype, dtype=dtype)
         return self._cache[key, dtype]
+
+    def first_step(self) -> ir.Value:
+        """``t == 1`` (a bool scalar): where torch.optim starts a state from the lr the step reads (Rprop's
+        ``step_size``, ASGD's ``eta``), which a scheduler or ``trainer.lr`` may have set before it."""
+        return self.cached("first_step", lambda: self.b.op("Equal", self.t, self.b.const(1, np.int64)))
 
     def cached(self, key, make):
         if key not in self._cache:
