@@ -16,15 +16,19 @@ from typing import Any
 
 import onnx_ir as ir
 
-from graphc.dsl import ops
-from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl import autograd_functional as functional
+from graphc.dsl import grad_mode, ops
+from graphc.dsl.autograd_grad import grad
+from graphc.dsl.builder import Builder, active, no_grad, user_source
+from graphc.dsl.grad_mode import enable_grad, inference_mode, set_grad_enabled
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape
 
-__all__ = ["Function", "FunctionCtx"]
+__all__ = ["Function", "FunctionCtx", "enable_grad", "functional", "grad", "grad_mode", "inference_mode", "no_grad",
+           "set_grad_enabled"]
 
 _FUNCTIONS_KEY = "graphc.autograd"  # Builder.finishers: the backwards of this capture's Functions
 

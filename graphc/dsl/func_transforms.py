@@ -58,12 +58,14 @@ class _Traced:
     moves the copy's input with it."""
 
     def __init__(self, api: str, builder: Builder, scope: Scope, nodes: list[ir.Node], wrt: list[Tensor],
-                 outputs: list[Tensor], source: str):
+                 outputs: list[Tensor], source: str, copied: bool = True):
         self.api, self.builder, self.scope, self.nodes = api, builder, scope, nodes
-        self.wrt, self.outputs, self.source = wrt, outputs, source
+        self.wrt, self.outputs, self.source, self.copied = wrt, outputs, source, copied
+        self.unused: list[int] = []  # the ``wrt`` indices the last ``backward`` found no path to
 
     def backward(self, cotangents: list[Tensor]) -> list[Tensor]:
-        """The gradient of ``sum(<output, cotangent>)`` by each ``wrt`` copy, emitted in the current scope."""
+        """The gradient of ``sum(<output, cotangent>)`` by each ``wrt`` value (zeros where no path
+        reaches it: ``unused`` lists those), emitted in the current scope."""
         from graphc.passes.autodiff import backprop
         from graphc.passes.autodiff.builder import GradBuilder
         from graphc.passes.autodiff.recurrent import UNROLLED, unroll_recurrent
@@ -79,13 +81,14 @@ class _Traced:
         count = len(graph)
         seeds: dict[int, tuple[ir.Value, Tensor]] = {}
         for out, ct in zip(self.outputs, cotangents):
-            value = out.value.producer().inputs[0]
+            value = out.value.producer().inputs[0] if self.copied else out.value
             if out.dtype in FLOAT_DTYPES:
                 seeds[id(value)] = (value, seeds[id(value)][1] + ct if id(value) in seeds else ct)
         g = GradBuilder(graph, builder.opset)
         wrt = [t.value for t in self.wrt]
         try:
             grads = backprop(g, list(graph), {v: ct.value for v, ct in seeds.values()}, wrt)
+            self.unused = [i for i, w in enumerate(wrt) if w not in grads]
             results = [grads[w] if w in grads else g.zeros_like(w) for w in wrt]
         except GraphError as exc:
             graph.remove(list(graph))
@@ -184,6 +187,27 @@ def _trace(api: str, func: Callable, args: tuple, diff: tuple[int, ...], has_aux
     aux = rebuild(aux, iter(ops.emit("Identity", [t], source=source) if isinstance(t, Tensor) else t
                              for _, t in leaves(aux)))
     return _Traced(api, builder, scope, nodes, wrt, outputs, source), rebuild(result, iter(outputs)), aux
+
+
+def traced_between(api: str, outputs: list[Tensor], inputs: list[Tensor], source: str) -> _Traced:
+    """The nodes of the current scope that may lie between ``inputs`` and ``outputs`` (already computed),
+    ready to be differentiated (``backward``) as a traced ``func`` is; ``CaptureError`` for an output made
+    in an enclosing scope (a body's ``gc.autograd.grad`` of a value computed outside it)."""
+    builder = current()
+    scope = builder.scope
+    index = {id(node): i for i, node in enumerate(scope.nodes)}
+    ends = []
+    for k, out in enumerate(outputs):
+        producer = out.value.producer()
+        if producer is not None and id(producer) not in index and not any(out.value is t.value for t in inputs):
+            raise CaptureError(f"{api}: output {k} ({out.type_str()}) was computed outside the body (gc.vmap, "
+                               f"gc.cond, gc.scan, ...) this is called in; call it where the output is computed "
+                               f"(at {source})")
+        ends.append(index.get(id(producer), -1) + 1)
+    starts = [index.get(id(t.value.producer()), -1) + 1 for t in inputs]
+    start = min(starts)
+    nodes = list(scope.nodes[start:max([start, *ends])])
+    return _Traced(api, builder, scope, nodes, inputs, outputs, source, copied=False)
 
 
 def _split(grads: list[Tensor], args: tuple, diff: tuple[int, ...]) -> list[Any]:

@@ -1,7 +1,7 @@
 """torch's grad-mode switches over ``gc.no_grad``'s machinery: ``set_grad_enabled`` (a call, or a
 ``with`` block that restores the mode on exit), ``enable_grad``, ``is_grad_enabled`` and
 ``inference_mode`` (``no_grad`` for a graph: there is no version counter to skip) with
-``is_inference_mode_enabled``."""
+``is_inference_mode_enabled``; ``no_grad`` too, as ``torch.autograd.grad_mode`` holds it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
-from graphc.dsl.builder import grad_mode, restore_grad_mode, set_grad_mode
+from graphc.dsl.builder import grad_mode, no_grad, restore_grad_mode, set_grad_mode
 from graphc.errors import CaptureError
 
 _INFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("graphc_inference_mode", default=False)
@@ -69,4 +69,4 @@ def is_inference_mode_enabled() -> bool:
     return _INFERENCE.get()
 
 
-__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "set_grad_enabled"]
+__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "no_grad", "set_grad_enabled"]
