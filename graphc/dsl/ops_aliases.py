@@ -31,6 +31,7 @@ from graphc.dsl.losses import bce_with_logits, kl_div as _kl_div, poisson_nll
 from graphc.dsl.losses_margin import cosine_embedding, hinge_embedding, margin_ranking, triplet_margin
 from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
 
 # torch's int codes: at::Reduction, and grid_sampler's interpolation and padding modes
 _REDUCTIONS = ("none", "mean", "sum")
@@ -233,8 +234,14 @@ def _detach_(t: Tensor) -> Tensor:
 
 
 def _requires_grad_(t: Tensor, requires_grad: bool = True) -> Tensor:
-    raise CaptureError(f"requires_grad_ on {t.name} at {user_source()}: a captured graph has no autograd flags; "
-                       f"gc.grad(model, loss, wrt=[...]) takes gradients with respect to parameters after capture")
+    """``t.requires_grad_(True)``: ``t`` itself, as every float value of a capture can be differentiated by
+    (``gc.autograd.grad``); False is refused, since a captured graph has no flags to clear."""
+    if requires_grad is True and t.dtype in FLOAT_DTYPES:
+        return t
+    raise CaptureError(f"requires_grad_({requires_grad!r}) on {t.name} ({t.type_str()}) at {user_source()}: a captured "
+                       f"graph has no autograd flags; every float value can be differentiated by (gc.autograd.grad), "
+                       f"gc.detach(t) cuts the gradient, and gc.grad(model, loss, wrt=[...]) takes gradients with "
+                       f"respect to parameters after capture")
 
 
 INPLACE_METHODS = {
