@@ -97,6 +97,8 @@ class _Traced:
         graph.remove(made)
         self._replace(made[:count])
         for node in made[count:]:
+            if any(v.type is None or v.shape is None for v in node.outputs):
+                self._typed(node)  # what a later transform of these nodes (a vmap, a grad of them) reads
             self._claim_names(node)
             builder.scope.nodes.append(node)
             _evaluate(builder, node, builder.eager)
