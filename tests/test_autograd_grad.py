@@ -251,7 +251,14 @@ def _second_order(lib, x, w, v):
     return g, h, lib.autograd.grad(h.sum(), w, allow_unused=True)[0]
 
 
-@pytest.mark.parametrize("fn", [_two_outputs, _unused, _dict_inputs, _batched, _intermediate, _second_order])
+def _through_max_pool(lib, x, w, v):
+    h = lib.nn.functional.max_pool1d((x @ w)[:, None], 2)[:, 0]  # MaxPool's rule adds its Indices output
+    (g,) = lib.autograd.grad((h ** 3).sum(), x, create_graph=True)
+    return g, lib.autograd.grad((g ** 2).sum(), w)[0]
+
+
+@pytest.mark.parametrize("fn", [_two_outputs, _unused, _dict_inputs, _batched, _intermediate, _second_order,
+                                _through_max_pool])
 def test_arguments_match_torchs(fn):
     _both(fn, {"x": RNG.normal(size=(2, 3)), "w": RNG.normal(size=(3, 4)), "v": RNG.normal(size=(2, 4))})
 

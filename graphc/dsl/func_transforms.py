@@ -12,6 +12,7 @@ nest (``grad(grad(f))`` differentiates the gradient nodes as any others) and com
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from graphc.dsl.builder import Builder, Scope, current, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.trees import leaves, rebuild
 from graphc.dsl.vmap import vmap
-from graphc.errors import CaptureError, GraphError
+from graphc.errors import CaptureError, GraphError, InferenceError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.infer import infer
 
@@ -97,8 +98,7 @@ class _Traced:
         graph.remove(made)
         self._replace(made[:count])
         for node in made[count:]:
-            if any(v.type is None or v.shape is None for v in node.outputs):
-                self._typed(node)  # what a later transform of these nodes (a vmap, a grad of them) reads
+            self._fill_types(node)
             self._claim_names(node)
             builder.scope.nodes.append(node)
             _evaluate(builder, node, builder.eager)
@@ -114,8 +114,16 @@ class _Traced:
         self.nodes = forward
         for node in forward:
             if id(node) not in kept:
+                self._fill_types(node)  # a MaxPool given its Indices: int64, which the gradient nodes read
                 self._claim_names(node)
                 _evaluate(self.builder, node, self.scope.eager)
+
+    def _fill_types(self, node: ir.Node) -> None:
+        """Dtypes and shapes the pass left unknown, which a later transform of these nodes (a vmap, a
+        grad of them) reads; left unknown where inference cannot tell."""
+        if any(v.type is None or v.shape is None for v in node.outputs):
+            with contextlib.suppress(InferenceError):
+                self._typed(node)
 
     def _typed(self, node: ir.Node) -> None:
         """Dtypes and shapes of a node the pass made as the DSL infers them (onnx's inference as the
