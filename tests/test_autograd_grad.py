@@ -361,3 +361,28 @@ def test_grad_mode_names_are_graphcs():
     assert gc.autograd.no_grad is gc.no_grad and gc.autograd.enable_grad is gc.enable_grad
     assert gc.autograd.set_grad_enabled is gc.set_grad_enabled and gc.autograd.inference_mode is gc.inference_mode
     assert gc.autograd.grad_mode.no_grad is gc.no_grad and gc.autograd.grad_mode.enable_grad is gc.enable_grad
+
+
+def test_values_held_past_a_node_the_gradient_rewrites_stay_one_computation():
+    """A float32 LayerNorm and a Dropout are given more outputs (statistics, the mask) for their gradients;
+    the Tensors the model holds (used after the call) read those nodes: one draw, one normalisation."""
+    ln = gc.nn.LayerNorm(4)
+
+    def f(x):
+        h = ln(x * 2)
+        d = gc.nn.functional.dropout(h, 0.5, training=True)
+        g = gc.autograd.grad((d ** 3).sum() + (h ** 3).sum(), x, create_graph=True)[0]
+        return {"g": g, "h": h * 1.0, "d": d * 1.0}
+
+    model = gc.capture(f, x=gc.spec("float32", (2, 4)))
+    check(model)
+    ops = [n.op_type for n in model.proto.graph.node]
+    assert ops.count("Dropout") == 1 and ops.count("LayerNormalization") == 1
+    x = RNG.normal(size=(2, 4)).astype(np.float32)
+    t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    th = torch.nn.functional.layer_norm(t * 2, (4,), eps=1e-5)
+    for backend, out in _run(model, {"x": x}).items():
+        mask = torch.tensor(out["d"] != 0, dtype=torch.float64) * 2.0  # the draw this run made
+        want = torch.autograd.grad(((th * mask) ** 3).sum() + (th ** 3).sum(), t, retain_graph=True)[0]
+        np.testing.assert_allclose(out["h"], th.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=backend)
+        np.testing.assert_allclose(out["g"], want.numpy(), rtol=1e-4, atol=1e-4, err_msg=backend)

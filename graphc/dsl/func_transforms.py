@@ -80,6 +80,7 @@ class _Traced:
                 if id(node) not in kept:
                     self._typed(node)
         count = len(graph)
+        before = None if self.copied else [(node, list(node.inputs)) for node in self.nodes]
         seeds: dict[int, tuple[ir.Value, Tensor]] = {}
         for out, ct in zip(self.outputs, cotangents):
             value = out.value.producer().inputs[0] if self.copied else out.value
@@ -96,7 +97,7 @@ class _Traced:
             raise type(exc)(f"{self.api} (called at {self.source}): {exc}") from None
         made = list(graph)
         graph.remove(made)
-        self._replace(made[:count])
+        self._replace(made[:count], before)
         for node in made[count:]:
             self._fill_types(node)
             self._claim_names(node)
@@ -104,11 +105,15 @@ class _Traced:
             _evaluate(builder, node, builder.eager)
         return [Tensor(v, builder.eager_value(v)) for v in results]
 
-    def _replace(self, forward: list[ir.Node]) -> None:
-        """The traced nodes as the autodiff pass left them, in their place in the scope."""
+    def _replace(self, forward: list[ir.Node], before: list[tuple[ir.Node, list]] | None) -> None:
+        """The traced nodes as the autodiff pass left them, in their place in the scope. ``before``
+        (each traced node with its inputs; for values the user computed, which their Tensors hold): a
+        node the pass replaced comes back after them, so those Tensors stay valid: an Identity of the copy
+        given more outputs (MaxPool's Indices, Dropout's mask), else the node again on its inputs."""
         if [id(n) for n in forward] == [id(n) for n in self.nodes]:
             return
         kept = {id(n) for n in self.nodes}
+        copies = {n.name: n for n in forward if id(n) not in kept}  # with_outputs' copy keeps the name
         at = self.scope.nodes.index(self.nodes[0])
         self.scope.nodes[at:at + len(self.nodes)] = forward
         self.nodes = forward
@@ -117,6 +122,21 @@ class _Traced:
                 self._fill_types(node)  # a MaxPool given its Indices: int64, which the gradient nodes read
                 self._claim_names(node)
                 _evaluate(self.builder, node, self.scope.eager)
+        present = {id(n) for n in forward}
+        restored = [(node, inputs) for node, inputs in before or [] if id(node) not in present]
+        for node, inputs in restored:
+            twin = copies.get(node.name)
+            if twin is not None and twin.op_type == node.op_type and len(node.outputs) == 1:  # given more outputs (a Dropout its mask): read its output, one draw
+                node.op_type, node.domain = "Identity", ""
+                node.attributes.clear()
+                node.resize_inputs(1)
+                inputs = [twin.outputs[0]]
+            for i, value in enumerate(inputs):
+                node.replace_input_with(i, value)
+            for value in node.outputs:
+                value.name = value.name or node.op_type
+            self._claim_names(node)
+        self.scope.nodes[at + len(forward):at + len(forward)] = [node for node, _ in restored]
 
     def _fill_types(self, node: ir.Node) -> None:
         """Dtypes and shapes the pass left unknown, which a later transform of these nodes (a vmap, a
