@@ -7,6 +7,9 @@ once, in a scope of its own, on a placeholder per marked output: its nodes becom
 the ``graphc.autograd`` domain that no node calls, its inputs those gradients and the forward values it reads
 (saved tensors, ctx attributes). Autodiff copies that body in where the gradient reaches the markers
 (``graphc.passes.autodiff.autograd_functions``); inference graphs and exports drop it.
+
+The namespace also holds torch's ``autograd.grad`` (``graphc.dsl.autograd_grad``), ``autograd.functional``
+(``graphc.dsl.autograd_functional``) and the grad-mode switches, graphc's own (``grad_mode``).
 """
 
 from __future__ import annotations
