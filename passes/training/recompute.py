@@ -16,7 +16,7 @@ Checkpoint regions (``gc.utils.checkpoint``, nodes marked ``CHECKPOINT_KEY``) ar
 whether or not ``recompute`` is on, as torch's ``checkpoint`` does: every value a region's node
 makes that the backward reads is a copy computed again from the region's inputs (what its nodes
 read from outside it: data, params, another region's values), expensive ops included, so the
-region's inputs are all it keeps alive. Random draws (``RANDOM``) and nodes holding subgraphs are
+region's inputs are all it keeps alive. Random draws (``RANDOM_OPS``) and nodes holding subgraphs are
 kept, not drawn or run again: the copies see the forward's numbers (torch's
 ``preserve_rng_state``); Dropout's mask is already a function of the step's noise input.
 """
@@ -31,16 +31,15 @@ import onnx_ir as ir
 from graphc.model import CHECKPOINT_KEY
 from graphc.passes.autodiff.loops import copy_node
 from graphc.passes.emit import Emitter
+from graphc.passes.values import RANDOM_OPS, subgraphs
 
-__all__ = ["CHEAP", "RANDOM", "inherited", "marked", "recompute"]
+__all__ = ["CHEAP", "inherited", "marked", "recompute"]
 
 CHEAP = frozenset({
     "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid",
     "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Clip", "Erf", "Sqrt", "Reciprocal", "Exp", "Cast",
     "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Where", "Max", "Min", "Pow",
 })
-RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                    "Multinomial"})
 _MIN_ELEMENTS = 4096  # smaller values (per-channel statistics, scalars) are kept, not recomputed
 
 
@@ -73,8 +72,8 @@ def recompute(graph: ir.Graph, forward: set[str], opset: int, everywhere: bool =
 
     def region(v: ir.Value | None) -> str | None:
         p = v.producer() if v is not None else None
-        if p is None or p.name not in forward or p.op_type in RANDOM or p.op_type == "Constant" \
-                or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in p.attributes.values()):
+        if p is None or p.name not in forward or p.op_type in RANDOM_OPS or p.op_type == "Constant" \
+                or subgraphs(p):
             return None
         return p.metadata_props.get(CHECKPOINT_KEY)
 
