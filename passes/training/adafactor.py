@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.training.update_step import Step, StepContext, shrink
+from graphc.passes.training.update_step import Step, StepContext, prologue, shrink
 
 __all__ = ["FACTORED", "VECTOR", "eps_for", "slots", "state_shape", "step"]
 
@@ -71,10 +71,8 @@ def _rms64(b, x: ir.Value, numel: int, divisor: float = 1.0) -> ir.Value:
 def step(ctx: StepContext, param, grad, state, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0,
          maximize=False) -> Step:
     b = ctx.b
-    like = param
+    like, c, grad = prologue(ctx, param, grad, 0.0, maximize)
     eps1, eps2 = eps_for(eps, like.dtype)
-    if maximize:
-        grad = b.op("Neg", grad)
     f = lambda v: b.const(v, np.float64)  # noqa: E731
 
     def scalars():
@@ -88,7 +86,6 @@ def step(ctx: StepContext, param, grad, state, beta2_decay=-0.8, eps=(None, 1e-3
     rho, small, coef = ctx.cached(("adafactor", like.dtype, beta2_decay), scalars)
     numel = math.prod(int(n) for n in like.shape)
     alpha = b.op("Mul", b.op("Max", f(eps2), _rms64(b, param, numel)), rho)
-    c = lambda v: b.scalar(v, like)  # noqa: E731
     if len(like.shape) > 1:
         rows, cols = int(like.shape[-2]), int(like.shape[-1])
         means = [b.op("Div", b.op("Mul", norm, norm), c(n)) for norm, n in (
