@@ -42,6 +42,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import is_float
 from graphc.passes.autodiff.autograd_functions import regions
+from graphc.passes.autodiff.core import gradient_inputs
 from graphc.passes.emit import Emitter
 from graphc.passes.training import loss_scaling
 from graphc.passes.training.graph_outputs import expose, input_with_default
@@ -92,9 +93,10 @@ def _needs(graph: ir.Graph, need: dict[ir.Value, Dnf]) -> dict[ir.Value, Dnf]:
     marked = regions(nodes, None)
     for node in reversed(nodes):
         wanted = _any(need.get(o, NEVER) for o in node.outputs)
-        if not wanted or (stops_gradient(node) and node not in marked):
+        if not wanted:
             continue
-        reads = ((v, wanted) for v in marked[node].inputs) if node in marked else _node_reads(node, need, wanted)
+        reads = ((v, wanted) for v in gradient_inputs(node, marked)) if node in marked or stops_gradient(node) \
+            else _node_reads(node, need, wanted)
         for v, when in reads:
             if v is not None and is_float(v):
                 need[v] = _any((need.get(v, NEVER), when))
@@ -214,12 +216,16 @@ def _outside(value: ir.Value, body: ir.Graph) -> bool:
 
 def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool = False) -> set[ir.Value]:
     """The values from outside ``body`` (and, with ``keep_inputs``, its own inputs) that its
-    nodes computing ``outputs`` read with a gradient; nested bodies count whole."""
+    nodes computing ``outputs`` read with a gradient (a Function marker its region's inputs, as ``_needs``);
+    nested bodies count whole."""
     live = set(filter(is_float, outputs))
-    for node in reversed(list(body)):
-        if stops_gradient(node) or not any(o in live for o in node.outputs):
+    nodes = list(body)
+    marked = regions(nodes, None)
+    for node in reversed(nodes):
+        if not any(o in live for o in node.outputs):
             continue
-        live.update(v for v in node.inputs if v is not None and is_float(v))
+        reads = gradient_inputs(node, marked) if node in marked or stops_gradient(node) else node.inputs
+        live.update(v for v in reads if v is not None and is_float(v))
         for inner in subgraphs(node):
             live |= _outer_reads(inner, inner.outputs, keep_inputs=True) - set(inner.inputs)
     own = set(body.inputs) if not keep_inputs else set()
