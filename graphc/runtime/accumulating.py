@@ -111,7 +111,7 @@ def counting(trainer: Trainer, batches: list[Mapping[str, Any]],
         feeds = trainer._batch_feeds(batch, trainer.batch_specs)
         rows = len(next(iter(feeds.values()))) if feeds else 0
         parts.append((batch, feeds, rows, averaging.shard_weight(trainer.manifest.loss, batch, rows)))
-    nothing = [rows > 0 and not weight for _, _, rows, weight in parts]  # as Trainer._counts_nothing
+    nothing = [trainer._counts_nothing(batch, rows, weight) for batch, _, rows, weight in parts]
     if all(nothing):
         trainer._refuse_step(parts[0][1])
     for index in (i for i, empty in enumerate(nothing) if empty):

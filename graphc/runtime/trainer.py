@@ -889,12 +889,13 @@ class Trainer:
         else:
             self._scheduler.step()
 
-    def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int) -> bool:
+    def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int, weight: Optional[float] = None) -> bool:
         """Whether ``batch`` (``rows`` rows) holds no example a mean loss counts: cross-entropy
         labels that are all the ignore index, or whose class weights sum to 0. Its loss is 0/0, NaN
         as PyTorch's (inf in the graph with label smoothing), and so is its gradient in the graph
-        (0 * inf, where PyTorch's is 0)."""
-        return rows > 0 and not averaging.shard_weight(self.manifest.loss, batch, rows)
+        (0 * inf, where PyTorch's is 0). ``weight``: its ``averaging.shard_weight`` where the caller
+        has it (None: computed here)."""
+        return rows > 0 and not (averaging.shard_weight(self.manifest.loss, batch, rows) if weight is None else weight)
 
     def _skip(self, batches: int, examples: int, count: int = 1) -> None:
         """Pass over the ``count`` batches at ``self.batch_in_epoch`` (of ``batches``), whose ``examples``
