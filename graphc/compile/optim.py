@@ -31,9 +31,8 @@ _OPTIONS = ("dampening", "amsgrad", "maximize")
 
 # torch.optim's checks (each optimizer's ``__init__``, torch 2.13): these arguments must be >= 0, each
 # beta in [0, 1), and SGD's dampening is unchecked; the same wherever an optimizer takes the argument
-_AT_LEAST_0 = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value",
-               "momentum_decay")
-_UNCHECKED = {("ASGD", "alpha")}  # ASGD's alpha is eta's power, which torch takes of any sign
+# (alpha: RMSprop's is checked there, ASGD's is eta's power, which torch takes of any sign)
+_AT_LEAST_0 = ("lr", "eps", "weight_decay", "momentum", "lr_decay", "initial_accumulator_value", "momentum_decay")
 
 
 class _Spec(BaseModel):
@@ -71,7 +70,7 @@ class _Spec(BaseModel):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{field} must be a finite number for {name}, got {value!r}: graphc refuses inf and NaN, "
                              "which torch takes in places (its step then turns params to inf or NaN, or stops them)")
-        if field in _AT_LEAST_0 and value < 0 and (name, field) not in _UNCHECKED:
+        if field in _AT_LEAST_0 and value < 0:
             raise ValueError(f"{field} must be >= 0, as torch.optim.{name} checks it, got {value!r}")
         return value
 
@@ -185,6 +184,13 @@ class RMSprop(_Spec):
     centered: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()  # as SGD's
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, value):
+        if value < 0:
+            raise ValueError(f"alpha must be >= 0, as torch.optim.{cls.__name__} checks it, got {value!r}")
+        return value
 
 
 class Adagrad(_Spec):
