@@ -225,6 +225,31 @@ def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
                                            err_msg=f"{gathers} Gathers, batch {batch} {run.__name__}")
 
 
+@pytest.mark.parametrize("attrs", [{"pads": [3, 1, 0, 4], "strides": [1, 2]},  # whole windows in the padding
+                                   {"pads": [0, 2, 2, 0], "dilations": [2, 1]}, {"pads": [0, 0, 0, 0]}])
+def test_gathered_conv_weight_gradient_reads_the_padding_from_one_zero_row(attrs):
+    """The gathered dW's batch-innermost input, [C, P, N], is padded by one zero row per channel
+    ([C, P + 1, N]), which every tap reading the padding gathers, not by the padded grid; without
+    pads nothing is padded. Equal to the window-by-window sum in float64 on onnxruntime and numpy,
+    windows lying wholly in the padding included."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
+    x = rng.normal(size=(2, 3, 6, 5)).astype(np.float32)
+    proto = _conv_squares_weight_grad(w, list(x.shape), attrs)
+    nodes = {n.output[0]: n for n in proto.graph.node}
+    (gather,) = [n for n in proto.graph.node if n.op_type == "Gather"]
+    pad = nodes[gather.input[0]]
+    if any(attrs["pads"]):
+        assert pad.op_type == "Pad"
+        assert onnx.numpy_helper.to_array(nodes[pad.input[1]].attribute[0].t).tolist() == [0, 0, 0, 0, 1, 0]
+    else:
+        assert "Pad" not in {n.op_type for n in proto.graph.node}
+    expected = _conv_weight_grad_of_squares(x, w, attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)),
+                                            attrs["pads"])
+    for run in (run_ort, run_numpy):
+        np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3, err_msg=run.__name__)
+
+
 def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
     """numpy, float64: d sum(conv(x, w, group)**2) / dw: each group a dense conv of its own
     channels (``_conv_weight_grad_of_squares``); a depthwise conv's group is one channel."""

@@ -225,6 +225,13 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     -> 70 / 72, ResNet-50 141 / 142 -> 113 / 114, RegNetY-400MF 70 / 72 -> 68 / 69 (Trainer steps
     interleaved: 0.99x, 1.01x, 1.00x, within this VM's noise); peak RSS ResNet-18 876 -> 837 MB,
     ResNet-50 2,000 -> 1,998. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
+    Measured again at ResNet-18's shapes at 64 px against the Conv over swapped axes, on the
+    generic kernel / on ort-cpu's NCHWc kernels (dy, its kernel, reordered in the graph), 1
+    thread, ms: N=32, 64ch 16x16 5.6 vs 11.1 / 10.1; 128ch 8x8 4.2 vs 8.1 / 6.9; 64->128 stride 2
+    2.6 vs 4.7 / 5.0; N=2, 64ch 16x16 0.58 vs 0.61 / 0.41, 128ch 8x8 0.38 vs 0.55 / 0.38. The
+    Transpose, Pad and Gather it spends besides the GEMM (ResNet-18 at batch 32, 1 thread: 9 ms
+    of the 3x3 convs' 46 ms of gradient kernels, the GEMMs 19 at ~220 GFLOP/s, MLAS's peak here)
+    move x, and its columns, once each; the Pad is one zero row (``conv_gather.batch_innermost``).
     The dense GEMM makes dW transposed, [Ci * K, Co], the columns as its A and dy as its B, then
     one 4-D Transpose to dW (a 2-D one onnxruntime folds back into the GEMM): MLAS packs the B
     operand on every call, and dy is K times smaller than the columns. 2 threads, ms, dy x
@@ -261,7 +268,7 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
         dys = g.split(dy3, runs, axis=0, count=len(runs)) if len(runs) > 1 else (dy3,)
     dws = []
     for i, (part, channels) in enumerate(zip(parts, sizes)):
-        cols = gather(g, part, channels, spatial, kernel, out, strides, dilations, begin, end)  # [c * K, O * N]
+        cols = gather(g, part, channels, spatial, kernel, out, strides, dilations, begin)  # [c * K, O * N]
         if group == 1:
             dws.append(g.op("Gemm", cols, dy2, transB=1))  # [c * K, Co]: dW^T (see the docstring)
             continue
