@@ -43,7 +43,7 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   and channel, vs dy's columns spread per kernel column times x's rows (two MatMuls).
 - ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
   axis at a time vs all at once (vs, stride 1, each tap a run of whole padded rows) vs the columns
-  gathered from the batch-innermost input in one Gather.
+  gathered from the batch-innermost input in one Gather, its padding one zero row or the padded grid.
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
@@ -183,25 +183,37 @@ def windows(src: str, tag: str, k: int, out: int, stride: int = 1) -> tuple[list
 # -- cases -----------------------------------------------------------------------------------------
 
 def gathered_columns(src: str, tag: str, c: int, side: int, k: int, st: int, p: int,
-                     flip: bool = False) -> tuple[list, str]:
+                     flip: bool = False, zero_row: bool = True) -> tuple[list, str]:
     """Nodes building the columns of ``src`` [N, c, side, side] for a kxk Conv (pads p, stride
-    st) as ``conv_gather.columns`` does: batch-innermost and padded, one Gather at constant flat
-    positions, [c * k * k, O * N] (taps reversed with ``flip``); and the columns' name."""
+    st) as ``conv_gather.columns`` does: batch-innermost, [c, side * side, N], one zero row padded
+    after its pixels (which the taps reading the padding gather), one Gather at constant flat
+    positions, [c * k * k, O * N] (taps reversed with ``flip``); and the columns' name. With
+    ``zero_row`` False, the padded grid [c, side + 2p, side + 2p, N] it replaced."""
     out, wp = (side + 2 * p - k) // st + 1, side + 2 * p
-    index = np.array([[(oi * st + i) * wp + oj * st + j for oi in range(out) for oj in range(out)]
-                      for i in range(k) for j in range(k)], np.int32)
+    taps = [(i, j) for i in range(k) for j in range(k)]
+    if zero_row:
+        inside = lambda r, q: 0 <= r < side and 0 <= q < side
+        index = np.array([[(oi * st + i - p) * side + oj * st + j - p if inside(oi * st + i - p, oj * st + j - p)
+                           else side * side for oi in range(out) for oj in range(out)] for i, j in taps], np.int32)
+        layout = [h.make_node("Transpose", [src], [tag + "t"], perm=[1, 2, 3, 0]), ints(tag + "flat", [c, side * side, -1]),
+                  h.make_node("Reshape", [tag + "t", tag + "flat"], [tag + "r"]), ints(tag + "pads", [0, 0, 0, 0, 1, 0]),
+                  h.make_node("Pad", [tag + "r", tag + "pads"], [tag + "f"])]
+    else:
+        index = np.array([[(oi * st + i) * wp + oj * st + j for oi in range(out) for oj in range(out)]
+                          for i, j in taps], np.int32)
+        layout = [h.make_node("Transpose", [src], [tag + "t"], perm=[1, 2, 3, 0]),
+                  ints(tag + "pads", [0, p, p, 0, 0, p, p, 0]), h.make_node("Pad", [tag + "t", tag + "pads"], [tag + "p"]),
+                  ints(tag + "flat", [c, wp * wp, -1]), h.make_node("Reshape", [tag + "p", tag + "flat"], [tag + "f"])]
     index = index[::-1].copy() if flip else index
-    return [h.make_node("Transpose", [src], [tag + "t"], perm=[1, 2, 3, 0]), ints(tag + "pads", [0, p, p, 0, 0, p, p, 0]),
-            h.make_node("Pad", [tag + "t", tag + "pads"], [tag + "p"]), ints(tag + "flat", [c, wp * wp, -1]),
-            h.make_node("Reshape", [tag + "p", tag + "flat"], [tag + "f"]), const(tag + "idx", index, np.int32),
-            h.make_node("Gather", [tag + "f", tag + "idx"], [tag + "g"], axis=1), ints(tag + "cs", [c * k * k, -1]),
-            h.make_node("Reshape", [tag + "g", tag + "cs"], [tag + "cols"])], tag + "cols"
+    return layout + [const(tag + "idx", index, np.int32), h.make_node("Gather", [tag + "f", tag + "idx"], [tag + "g"], axis=1),
+                     ints(tag + "cs", [c * k * k, -1]), h.make_node("Reshape", [tag + "g", tag + "cs"], [tag + "cols"])
+                     ], tag + "cols"
 
 
-def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int, group: int = 1) -> list:
+def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int, group: int = 1, zero_row: bool = True) -> list:
     """A kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: the gathered
     columns of x, one GEMM against dy (for ``group`` > 1 one MatMul batched over the groups)."""
-    nodes, cols = gathered_columns("x", "x_", ci, side, k, st, k // 2)
+    nodes, cols = gathered_columns("x", "x_", ci, side, k, st, k // 2, zero_row=zero_row)
     nodes += [h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
               ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"])]
     if group == 1:
@@ -844,7 +856,8 @@ def dense_dw(args) -> None:
         nodes, slices = windows("xp", "", k, out, st)
         flat += nodes + [h.make_node("Unsqueeze", [t, "one"], ["u" + t]) for t in slices]
         flat += [h.make_node("Concat", ["u" + t for t in slices], ["cols"], axis=1)] + tail
-        variants = {"staged": staged, "all-at-once": flat, "gathered": gathered_dw(n, ci, co, side, k, st)}
+        variants = {"staged": staged, "all-at-once": flat, "gathered": gathered_dw(n, ci, co, side, k, st),
+                    "gathered padded grid": gathered_dw(n, ci, co, side, k, st, zero_row=False)}
         if st == 1:  # each tap one contiguous run of whole padded rows; dy padded to their width
             wp = side + 2 * p
             rows_ = head + [ints("padr", [0, 0, p, p, 0, 0, p + 1, p]), h.make_node("Pad", ["xt", "padr"], ["xr"]),
