@@ -9,14 +9,13 @@ the basis with one ``gc.vmap``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from graphc.dsl import ops
-from graphc.dsl.autograd_grad import grad
+from graphc.dsl.autograd_grad import grad, static_numel
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops_array import ones_like, zeros_like
 from graphc.dsl.tensor import Tensor
@@ -45,7 +44,7 @@ def _form(is_tuple: bool, items: list) -> Any:
 def _vector(api: str, v: Any, like: list[Tensor], none_if: str, source: str) -> list[Tensor]:
     """``v`` (None only for one single-element Tensor ``like``) as a list matching ``like``."""
     if v is None:
-        if len(like) != 1 or _numel(like[0]) != 1:
+        if len(like) != 1 or static_numel(like[0]) != 1:
             raise CaptureError(f"gc.autograd.functional.{api}: The vector v can only be None if {none_if} is a single "
                                f"Tensor with a single element (at {source})")
         return [ones_like(like[0])]
@@ -121,7 +120,7 @@ def _second(api: str, func: Callable, inputs: Any, v: Any, create_graph: bool, s
     """``(func(*inputs), v^T H)`` of a single-element ``func``, the gradient of ``<grad f, v>``."""
     source = user_source()
     in_tuple, copies, out_tuple, outs = _traced(api, func, inputs, source)
-    if out_tuple or _numel(outs[0]) != 1:
+    if out_tuple or static_numel(outs[0]) != 1:
         raise CaptureError(f"gc.autograd.functional.{api}: The Tensor returned by the function given to {api} "
                            f"should contain a single element (at {source})")
     vs = _vector(api, v, copies, "the input to the user-provided function", source)
@@ -149,19 +148,13 @@ def hvp(func: Callable, inputs: Any, v: Any = None, create_graph: bool = False, 
     return _second("hvp", func, inputs, v, create_graph, strict)
 
 
-def _numel(t: Tensor) -> int | None:
-    if t.shape is None or not all(isinstance(d, int) for d in t.shape):
-        return None
-    return math.prod(t.shape)
-
-
 def _rows(api: str, func: Callable, inputs: Any, create_graph: bool, strict: bool, source: str) -> tuple:
     """(inputs a tuple, outputs a tuple, ``J[o][i]`` of shape ``[*out_o, *in_i]``): each output's rows at
     once, its basis of cotangents given batched to ``gc.autograd.grad``."""
     in_tuple, copies, out_tuple, outs = _traced(api, func, inputs, source)
     jac = []
     for k, out in enumerate(outs):
-        size = _numel(out)
+        size = static_numel(out)
         if size is None:
             raise CaptureError(f"gc.autograd.functional.{api}: output {k} is {out.type_str()}; a Jacobian needs "
                                f"static dims (at {source})")
@@ -208,7 +201,7 @@ def hessian(func: Callable, inputs: Any, create_graph: bool = False, strict: boo
 
     def scalar(*ys: Tensor) -> Tensor:
         out = func(*ys)
-        if not isinstance(out, Tensor) or _numel(out) != 1:
+        if not isinstance(out, Tensor) or static_numel(out) != 1:
             got = out.type_str() if isinstance(out, Tensor) else type(out).__name__
             raise CaptureError(f"gc.autograd.functional.hessian: The function given to hessian should return a "
                                f"single Tensor with a single element, got {got} (at {source})")

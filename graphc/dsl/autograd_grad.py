@@ -46,8 +46,11 @@ def _tensors(what: str, value: Any, source: str, none_ok: bool = False) -> list[
     return out
 
 
-def _numel_one(t: Tensor) -> bool:
-    return t.shape is not None and all(isinstance(d, int) for d in t.shape) and math.prod(t.shape) == 1
+def static_numel(t: Tensor) -> int | None:
+    """The number of entries where every dim is an int, else None (unlike ``gc.numel``, which raises)."""
+    if t.shape is None or not all(isinstance(d, int) for d in t.shape):
+        return None
+    return math.prod(t.shape)
 
 
 def _seeds(outputs: list[Tensor], grad_outputs: Any, batched: bool, source: str) -> list[Tensor]:
@@ -60,7 +63,7 @@ def _seeds(outputs: list[Tensor], grad_outputs: Any, batched: bool, source: str)
     seeds = []
     for k, (out, ct) in enumerate(zip(outputs, given)):
         if ct is None:
-            if batched or not _numel_one(out):
+            if batched or static_numel(out) != 1:
                 raise CaptureError(f"{_API}: grad can be implicitly created only for scalar outputs: output {k} is "
                                    f"{out.type_str()}; pass grad_outputs (at {source})")
             seeds.append(ones_like(out))
