@@ -23,6 +23,7 @@ from graphc.model.dtypes import as_dtype
 from graphc.nn.containers import ModuleDict, ModuleList
 from graphc.nn.hooks import call_hooked
 from graphc.nn.module import Module, Parameter
+from graphc.nn.utils.norms import weight_value
 
 __all__ = ["ParametrizationList", "cached", "is_parametrized", "register_parametrization", "remove_parametrizations",
            "type_before_parametrizations"]
@@ -164,8 +165,8 @@ def tensor_value(module: Module, name: str, fn: str) -> Any:
     if held is None and not is_parametrized(module, name):
         raise CaptureError(f"{fn}: module {type(module).__name__} does not have a parameter, a buffer, or a "
                            f"parametrized element with name {name!r} (at {user_source()})")
-    if held is not None and not held.drawn:
-        held.draw(np.random.default_rng(0))
+    if held is not None:
+        weight_value(held)
     return getattr(module, name)
 
 
