@@ -185,16 +185,22 @@ def running_server(app: Any) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve_process(*args: str, timeout: float = 60) -> Iterator[tuple[Any, int]]:
+def serve_process(*args: str, timeout: float = 60, descriptors: int | None = None) -> Iterator[tuple[Any, int]]:
     """`graphc serve ARGS --port P` in its own process; yields (process, port) once it has printed
-    its "serving" line (which it prints only once it listens). Stopped with SIGTERM at the end."""
+    its "serving" line (which it prints only once it listens). Stopped with SIGTERM at the end.
+    ``descriptors``: the process's limit on open files (soft and hard, as ``ulimit -n``)."""
+    import resource
     import signal
     import subprocess
     import sys
 
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+
     port = free_port()
     cmd = [sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=None if descriptors is None else limit)
     try:
         line = _first_line(proc, timeout)
         assert line.startswith("serving "), line

@@ -52,7 +52,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
-    seconds is dropped).
+    seconds is dropped). Near the process's descriptor limit each new connection has the
+    longest-idle one closed (``graphc.serving.kserve.connections``).
 
     Models load and the port is bound before anything else, so a bad model or a port in use
     raises (``gc.ModelLoadError``, ``graphc.errors.ServeError``) before the server starts.
@@ -109,9 +110,10 @@ def serve_app(app: Any, host: str = "127.0.0.1", port: int = 8000, read_timeout:
     SIGTERM; the port is bound first (in use: ``graphc.errors.ServeError``). The arguments are
     ``serve``'s."""
     from graphc.serving.kserve import server as kserver
+    from graphc.serving.kserve.connections import raise_descriptor_limit
 
     # Every held connection is a descriptor: allow as many as the system does.
-    kserver.raise_descriptor_limit()
+    raise_descriptor_limit()
     sock = kserver.listen(host, port)
     server = kserver.Server(kserver.config(app, read_timeout=read_timeout, log_level=log_level,
                                            access_log=access_log), on_ready)

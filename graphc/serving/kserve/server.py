@@ -14,7 +14,6 @@ import functools
 import inspect
 import logging
 import math
-import resource
 import socket
 import sys
 import time
@@ -24,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphc.errors import ServeError
+from graphc.serving.kserve.connections import Connections, connection_cap
 from graphc.serving.kserve.protocol import error_body
 
 DEFAULT_READ_TIMEOUT = 30.0
@@ -94,12 +94,16 @@ class DeadlineProtocol(HttpToolsProtocol):
     reply's own first bytes, ``HTTP/1.1 `` (every reply's status line starts so), one a probe, left
     out of the reply when it is written (``_Lingering.write``): after its nine probes (4 s) it is
     not probed again, so a client that half-closed and closes later runs on.
-    A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above)."""
+    A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above).
+    Past ``connections``' cap a new connection has the longest-idle one closed; with none idle, its
+    first request gets a 503 and it closes."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 log: ThrottledLog, **kwargs: Any):
+                 log: ThrottledLog, connections: Connections, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.logger = log
+        self._connections = connections
+        self._over_cap = False  # opened past the cap with no idle connection to close: checked again at its first byte
         self.read_timeout = read_timeout
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
@@ -121,6 +125,18 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._raw = transport
         super().connection_made(_Lingering(transport, self))  # type: ignore[arg-type]
         self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
+        self._over_cap = not self._connections.opened(self)
+
+    def idle(self) -> bool:
+        """Between requests: none arriving, running or queued, no reply being written or closing."""
+        return not (self._arriving or self._answering() or self._deferred is not None
+                    or self.transport.is_closing() or self._raw.get_write_buffer_size())
+
+    def evict(self) -> None:
+        """Close this idle connection to make room for a new one (``Connections``)."""
+        self.logger.warning("closing the longest-idle connections for new ones: %d open, the most the descriptor "
+                            "limit leaves room for", len(self._connections))
+        self._raw.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -152,6 +168,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._connections.active(self)
         if self._deferred is not None and not self._answering() and not self.transport.is_closing():
             self.transport.write(self._deferred)
             self.transport.close()
@@ -211,6 +228,15 @@ class DeadlineProtocol(HttpToolsProtocol):
             return
         if self._deferred is not None:  # the parser stopped at an error; the connection closes soon
             return
+        self._connections.active(self)
+        if self._over_cap:
+            self._over_cap = False
+            if not self._connections.admit(self):  # refused unread, as a 413 from its head is (a linger)
+                self._arriving = True
+                self._reply_and_close(closing_reply(503, f"the server holds the most connections its descriptor "
+                                                         f"limit allows ({self._connections.cap}), none idle; "
+                                                         f"try again later", b"retry-after: 1\r\n"))
+                return
         body_before, self._completed = self._body_bytes, False
         super().data_received(data)
         # The bytes after a request that ended in ``data`` belong to the next one, uncounted (at most
@@ -252,6 +278,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._cancel("_write_deadline")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.closed(self)
         self._cancel("_read_deadline")
         self._cancel("_write_deadline")
         self._cancel("_idle_deadline")
@@ -392,18 +419,6 @@ class _Lingering:
         return getattr(self._transport, name)
 
 
-def raise_descriptor_limit() -> int:
-    """Raise this process's soft limit on open files to the hard limit; returns the limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):  # a sandbox may refuse; the soft limit stays
-            pass
-    return soft
-
-
 def listen(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socket:
     """A TCP socket listening on ``host:port``; a port in use or a bad address is a ``ServeError``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -456,13 +471,15 @@ def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = 
     back by Nagle's algorithm (tests/test_serve.py checks). Idle keep-alive connections close
     after ``min(5, read_timeout)`` s. No proxy-header rewriting: the server is not meant to sit
     behind a proxy it trusts. A connection's warnings about what its client sent are logged at
-    most once per ``WARNING_INTERVAL`` seconds each (``ThrottledLog``).
+    most once per ``WARNING_INTERVAL`` seconds each (``ThrottledLog``). The connections held stay
+    below the descriptor limit (``connections.Connections``).
     """
 
     log = ThrottledLog(logging.getLogger("uvicorn.error"))
+    connections = Connections(connection_cap())
 
     def protocol(**kwargs: Any) -> DeadlineProtocol:
-        return DeadlineProtocol(read_timeout=read_timeout, log=log, **kwargs)
+        return DeadlineProtocol(read_timeout=read_timeout, log=log, connections=connections, **kwargs)
 
     protocol.log = log  # Server.shutdown flushes it
 
