@@ -13,13 +13,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_DROPPED_KEY", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY",
+__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "DROPPED_MARKS_KEY",
            "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY",
            "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes",
-           "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute", "exact_attributes",
-           "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values", "node_attrs", "onnx_opset",
-           "replace_value", "static_shape", "stops_gradient", "subgraph_reads", "subgraphs"]
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
+           "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
+           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values",
+           "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraph_reads",
+           "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -57,10 +58,17 @@ STOP_GRADIENT_KEY = "graphc.stop_gradient"
 # region (``autodiff/autograd_functions``), whose backward is a model-local function of this domain
 AUTOGRAD_KEY = "graphc.autograd_function"
 AUTOGRAD_DOMAIN = "graphc.autograd"
-# model metadata: a JSON list of the Functions (``"Fn (applied at file:line)"``) whose marks level 3
-# dropped; autodiff refuses such a model (``autograd_functions.refuse_dropped``): it would differentiate
-# their forwards' nodes
-AUTOGRAD_DROPPED_KEY = "graphc.dropped_autograd_functions"
+# model metadata: a JSON record of the gradient marks level 3 dropped: ``functions``, the Functions whose
+# marks and backwards went (``autograd_function_label``), and ``stop_gradients``, how many other stop-gradient
+# marks; autodiff refuses such a model (``autograd_functions.refuse_dropped``): it would send gradients
+# through the forwards' nodes and where the marks stopped them
+DROPPED_MARKS_KEY = "graphc.dropped_gradient_marks"
+
+
+def autograd_function_label(record: Mapping) -> str:
+    """A ``gc.autograd.Function``'s record (``AUTOGRAD_KEY``) as ``"Fn (applied at file:line)"``."""
+    return f"{record['class']} (applied at {record['source']})"
+
 
 # node metadata of a fake quantization's QuantizeLinear + DequantizeLinear lowering (``gc.fake_quantize_*``):
 # ``"quantize"`` on the QuantizeLinear of ``x * (1 / scale)`` with scale 1 (torch's rounding), ``"output"`` on

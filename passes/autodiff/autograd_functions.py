@@ -14,8 +14,8 @@ gradient (their ops need no rule). At the region's last marker the walk reaches,
 copied in, reading each marker's gradient (zeros for one the loss does not reach, as torch passes) and the
 bound forward values; gradients of an input passed twice are summed. ``values.drop_autograd_functions``
 drops the functions from graphs no pass differentiates again (the training artifacts, inference exports);
-a model whose marks ``gc.optimize`` at level 3 dropped names the Functions in its metadata
-(``AUTOGRAD_DROPPED_KEY``), and ``refuse_dropped`` refuses to differentiate it.
+a model whose stop-gradient marks ``gc.optimize`` at level 3 dropped (the Functions' and ``gc.detach``'s)
+records them in its metadata (``DROPPED_MARKS_KEY``), and ``refuse_dropped`` refuses to differentiate it.
 """
 
 from __future__ import annotations
@@ -29,20 +29,27 @@ import onnx_ir as ir
 from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import GradBuilder
 from graphc.passes.autodiff.loops import clone_body
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_DROPPED_KEY, AUTOGRAD_KEY
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, DROPPED_MARKS_KEY, autograd_function_label
 
 __all__ = ["Region", "refuse_dropped", "regions"]
 
 
 def refuse_dropped(model: ir.Model) -> None:
-    """``AutodiffError`` naming the Functions whose marks and backwards ``gc.optimize`` at level 3
-    dropped from ``model``: differentiating it would take their forwards' gradients, not theirs."""
-    dropped = json.loads(model.metadata_props.get(AUTOGRAD_DROPPED_KEY, "[]"))
-    if dropped:
-        names = ", ".join(f"gc.autograd.Function {where}" for where in dropped)
-        raise AutodiffError(f"this model cannot be differentiated: gc.optimize at level 3 (inference only) dropped "
-                            f"the backward of {names}, so its gradient would be the forward's own ops'; "
-                            "differentiate or train the captured model, or one from gc.optimize(model, level=2)")
+    """``AutodiffError`` naming the stop-gradient marks ``gc.optimize`` at level 3 dropped from ``model``
+    (each Function whose backward went, how many others): differentiating it would send gradients through
+    the Functions' forwards and past the marks."""
+    text = model.metadata_props.get(DROPPED_MARKS_KEY)
+    if text is None:
+        return
+    dropped = json.loads(text)
+    parts = [f"the backward of gc.autograd.Function {where} (its gradient would be the forward's own ops')"
+             for where in dropped["functions"]]
+    if count := dropped["stop_gradients"]:
+        parts.append(f"{count} stop-gradient mark{'s' * (count != 1)} (gc.detach, gc.no_grad reads, frozen "
+                     "parameters' reads, a gc.autograd.Function's arguments: gradients would flow through them)")
+    raise AutodiffError(f"this model cannot be differentiated: gc.optimize at level 3 (inference only) dropped "
+                        f"{' and '.join(parts)}; differentiate or train the captured model, or one from "
+                        "gc.optimize(model, level=2)")
 
 
 @dataclass
@@ -60,7 +67,7 @@ class Region:
 
     @property
     def where(self) -> str:
-        return f"gc.autograd.Function {self.record['class']} (applied at {self.record['source']})"
+        return f"gc.autograd.Function {autograd_function_label(self.record)}"
 
     def bound(self, name: str) -> ir.Value:
         """The graph's value ``name``, or ``AutodiffError`` naming the Function."""

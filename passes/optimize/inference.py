@@ -12,8 +12,8 @@ from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass, initializer
-from graphc.passes.values import (AUTOGRAD_DROPPED_KEY, AUTOGRAD_KEY, STOP_GRADIENT_KEY, draws_random,
-                                  drop_autograd_functions, fixed_array, stops_gradient)
+from graphc.passes.values import (AUTOGRAD_KEY, DROPPED_MARKS_KEY, STOP_GRADIENT_KEY, autograd_function_label,
+                                  draws_random, drop_autograd_functions, fixed_array, stops_gradient)
 
 __all__ = ["ScaleIntoLinear", "StopGradientRemoval", "inference_pass"]
 
@@ -202,23 +202,25 @@ def inference_pass() -> RulePass:
 class StopGradientRemoval(Declared, ir.passes.InPlacePass):
     """``gc.detach``'s stop-gradient marks dropped: an inference graph has no gradient to stop,
     and each marked Identity becomes a plain one that identity elimination removes; so are a
-    ``gc.autograd.Function``'s marks on its outputs and its backward (``drop_autograd_functions``), each
-    such Function named in the model's ``AUTOGRAD_DROPPED_KEY`` for autodiff to refuse."""
+    ``gc.autograd.Function``'s marks on its outputs and its backward (``drop_autograd_functions``).
+    The model's ``DROPPED_MARKS_KEY`` names each such Function and counts the other marks, for
+    autodiff to refuse the model."""
 
     name = "StopGradientRemoval"
     idempotent = True
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         marked = [node for node in all_nodes(model.graph) if stops_gradient(node)]
-        dropped = json.loads(model.metadata_props.get(AUTOGRAD_DROPPED_KEY, "[]"))
+        dropped = json.loads(model.metadata_props.get(DROPPED_MARKS_KEY, '{"functions": [], "stop_gradients": 0}'))
         for node in marked:
             del node.metadata_props[STOP_GRADIENT_KEY]
             text = node.metadata_props.pop(AUTOGRAD_KEY, None)
-            record = {} if text is None else json.loads(text)
-            if record and (where := f"{record['class']} (applied at {record['source']})") not in dropped:
-                dropped.append(where)
-        if dropped:
-            model.metadata_props[AUTOGRAD_DROPPED_KEY] = json.dumps(dropped)
+            if text is None:
+                dropped["stop_gradients"] += 1
+            elif (where := autograd_function_label(json.loads(text))) not in dropped["functions"]:
+                dropped["functions"].append(where)
+        if marked:
+            model.metadata_props[DROPPED_MARKS_KEY] = json.dumps(dropped)
         return ir.passes.PassResult(model, bool(marked) | drop_autograd_functions(model))
 
 
