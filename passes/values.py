@@ -101,8 +101,12 @@ def drop_autograd_functions(model: ir.Model) -> bool:
 
 def _rebind_autograd(graph: ir.Graph | None, old: str, new: str) -> None:
     """The ``gc.autograd.Function`` records on ``graph``'s markers that bind the value named ``old``
-    (an input its gradient goes to, a forward value its backward reads) bind ``new`` instead."""
-    for node in graph or ():
+    (an input its gradient goes to, a forward value its backward reads) bind ``new`` instead. Only a
+    graph importing ``AUTOGRAD_DOMAIN`` (its model holds the backwards) is searched: a search of every
+    node per call took 4.3 % of ResNet-50's ``generate`` (187 calls, 71-77 ms of 1.6-1.8 s CPU)."""
+    if graph is None or AUTOGRAD_DOMAIN not in graph.opset_imports:
+        return
+    for node in graph:
         text = node.metadata_props.get(AUTOGRAD_KEY)
         if text is None or json.dumps(old) not in text:
             continue
