@@ -6,9 +6,12 @@ graphc's rewrites, grouped into levels 0-3 (``LEVELS``) and run to a fixed point
 
 from __future__ import annotations
 
+import contextlib
+
 import onnx
 import onnx_ir as ir
 
+from graphc.passes.optimize.bound_values import keep_bound_values
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
 from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
 from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
@@ -29,6 +32,8 @@ def optimize_in_place(model: ir.Model, level: int = 2, source: onnx.ModelProto |
     opset = onnx_opset(model, 1)
     pipeline = build_pipeline(level, opset, parameter_names(model), source)
     interface = snapshot_interface(model)
-    pipeline.run(model, report)
+    # level 3 drops the Functions' records and backwards (``StopGradientRemoval``): nothing to keep there
+    with keep_bound_values(model) if level < 3 else contextlib.nullcontext():
+        pipeline.run(model, report)
     restore_interface(model, interface)
     return report
