@@ -1,10 +1,11 @@
-"""``gc.autograd.Function`` through the passes that rewrite a model: level-3 optimize (refused for gradients),
-the training Dropout rewrite inside a forward, a forward returning one Tensor twice; checked against torch
-2.13 (float64, numpy and ort-cpu)."""
+"""``gc.autograd.Function`` through the passes that rewrite a model: level-3 optimize (refused for gradients,
+as for a dropped ``gc.detach``), levels 0-2 (the backward's values kept), the training Dropout rewrite inside a
+forward, a forward returning one Tensor twice; checked against torch 2.13 (float64, numpy and ort-cpu)."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import graphc as gc
@@ -171,3 +172,86 @@ def test_a_tensor_returned_twice_is_its_last_output(backend):
     _twice_loss(TORCH_TWICE, xt).backward()
     np.testing.assert_allclose(got["x_grad"], xt.grad.numpy(), rtol=1e-12)
     np.testing.assert_allclose(xt.grad.numpy(), 21.0 + 5.0 * (2.0 + 22.0 * np.sin(x)), rtol=1e-12)
+
+
+class SelfScaled(gc.nn.Module):  # h * h.detach(): the gradient is h, not the 2h of h * h
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(3, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return {"loss": (h * h.detach()).sum()}
+
+
+def test_level_3_refuses_gradients_naming_the_dropped_detach():
+    """Level 3 drops gc.detach's mark too: its gradients would be 2h where torch's are h (fc's 100% off), so
+    gc.grad and generate refuse, counting the mark and naming level 2, whose gradients are torch's."""
+    model = gc.capture(SelfScaled().double(), x=gc.spec("float64", ("N", 3)))
+    dropped = gc.optimize(model, level=3)
+    message = (r"gc.optimize at level 3 \(inference only\) dropped 1 stop-gradient mark \(gc.detach, .*\); "
+               r"differentiate or train the captured model, or one from gc.optimize\(model, level=2\)")
+    with pytest.raises(gc.GraphError, match=message):
+        gc.grad(dropped, "loss")
+    with pytest.raises(gc.GraphError, match=message):
+        gc.training.generate(gc.load(dropped.proto), "loss", gc.optim.SGD(0.1))  # the record survives save/load
+    x = RNG.normal(size=(5, 3))
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in model.params.items()}
+    h = torch.tensor(x) @ p["fc.weight"].T + p["fc.bias"]
+    (h * h.detach()).sum().backward()
+    grads = gc.grad(gc.optimize(model, level=2), "loss")
+    for backend in BACKENDS:
+        got = gc.Session(grads, backend=backend).run({"x": x})
+        for name, w in p.items():
+            np.testing.assert_allclose(got[f"{name}_grad"], w.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                       err_msg=f"{backend} {name}")
+
+
+def _saves_folded(base, lib):
+    class SavesFolded(base):  # saves what levels 1-2 fold: x*1 (into its input), a constant, a value read only here
+        @staticmethod
+        def forward(ctx, h):
+            y, c, z = h * 1.0, lib.ones_like(h) * 2.0, lib.exp(h)
+            ctx.save_for_backward(y, c, z)
+            return z
+
+        @staticmethod
+        def backward(ctx, g):
+            y, c, z = ctx.saved_tensors
+            return g * y * c * 1.5 + z * 0.25
+
+    return SavesFolded
+
+
+GC_SAVES, TORCH_SAVES = _saves_folded(gc.autograd.Function, gc), _saves_folded(torch.autograd.Function, torch)
+
+
+class Affine(gc.nn.Module):  # x @ w + b: level 2 fuses the MatMul and Add the Function's input comes from
+    def __init__(self):
+        super().__init__()
+        self.w = gc.nn.Parameter(RNG.normal(size=(3, 4)))
+        self.b = gc.nn.Parameter(RNG.normal(size=(4,)))
+
+    def forward(self, x):
+        h = x @ self.w + self.b
+        return {"loss": (GC_SAVES.apply(h) + gc.exp(h)).sum()}
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_the_backward_keeps_its_values_through_optimize(level):
+    """Levels 1-2 fold x*1 into x and drop a value only the backward reads: the values a Function's records
+    bind stay graph-visible while the pipeline runs, so its backward is torch's after gc.optimize."""
+    captured = gc.capture(Affine().double(), x=gc.spec("float64", ("N", 3)))
+    model = gc.optimize(captured, level=level)
+    assert [v.name for v in model.outputs] == ["loss"]
+    onnx.checker.check_model(model.proto, full_check=True)
+    x = RNG.normal(size=(5, 3))
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in captured.params.items()}
+    h = torch.tensor(x) @ p["w"] + p["b"]
+    (TORCH_SAVES.apply(h) + torch.exp(h)).sum().backward()
+    grads = gc.grad(model, "loss", wrt=list(p))
+    for backend in BACKENDS:
+        got = gc.Session(grads, backend=backend).run({"x": x})
+        for name, w in p.items():
+            np.testing.assert_allclose(got[f"{name}_grad"], w.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                       err_msg=f"{backend} {name}")
