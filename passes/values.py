@@ -18,9 +18,9 @@ __all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE
            "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
            "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
            "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
-           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values",
-           "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraph_reads",
-           "subgraphs"]
+           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "holds_autograd_functions",
+           "needed_values", "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient",
+           "subgraph_reads", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -89,14 +89,21 @@ FUSED_GRADIENT_KEY = "graphc.fused_gradient"
 REVERSE_MODE_KEY = "graphc.reverse_mode"
 
 
+def holds_autograd_functions(model: ir.Model) -> bool:
+    """Whether ``model`` has a ``gc.autograd.Function`` backward (an ``AUTOGRAD_DOMAIN`` function) or
+    imports the domain: what ``drop_autograd_functions`` drops."""
+    return any(key[0] == AUTOGRAD_DOMAIN for key in model.functions) or AUTOGRAD_DOMAIN in model.opset_imports
+
+
 def drop_autograd_functions(model: ir.Model) -> bool:
     """Drop the ``gc.autograd.Function`` backwards (``AUTOGRAD_DOMAIN``'s functions, which no node calls)
     and the domain's import from ``model``, in place: a graph no pass differentiates again is plain
-    ONNX without them. Returns whether there were any."""
-    keys = [key for key in model.functions if key[0] == AUTOGRAD_DOMAIN]
-    for key in keys:
+    ONNX without them. Returns whether there were any (``holds_autograd_functions``)."""
+    held = holds_autograd_functions(model)
+    for key in [key for key in model.functions if key[0] == AUTOGRAD_DOMAIN]:
         del model.functions[key]
-    return bool(keys) | (model.opset_imports.pop(AUTOGRAD_DOMAIN, None) is not None)
+    model.opset_imports.pop(AUTOGRAD_DOMAIN, None)
+    return held
 
 
 def _rebind_autograd(graph: ir.Graph | None, old: str, new: str) -> None:

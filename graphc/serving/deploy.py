@@ -29,7 +29,7 @@ from graphc.fileio import atomic_write, fsync_dir, made_folders, scratch_dir
 from graphc.model import Model, load
 from graphc.model.file import distinct_subgraph_outputs, unique_node_names
 from graphc.model.quantizers import without_record
-from graphc.passes.values import AUTOGRAD_DOMAIN, drop_autograd_functions
+from graphc.passes.values import drop_autograd_functions, holds_autograd_functions
 from graphc.compile.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
@@ -157,7 +157,7 @@ def _served(model: Model) -> Model:
     before: ``graphc serve REPO`` serves the file as deployed) and the ``gc.autograd.Function`` backwards and
     their ``graphc.autograd`` import (no server differentiates; they were shipped at the model's opset)."""
     served = without_record(model.ir)
-    if any(key[0] == AUTOGRAD_DOMAIN for key in served.functions) or AUTOGRAD_DOMAIN in served.opset_imports:
+    if holds_autograd_functions(served):
         if served is model.ir:
             served = ir.serde.deserialize_model(ir.serde.serialize_model(served))
         drop_autograd_functions(served)
