@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphc.serving.kserve.server import raise_descriptor_limit
+from graphc.serving.kserve.connections import raise_descriptor_limit
 
 FEATURES = 16
 W = np.linspace(-1, 1, FEATURES * FEATURES, dtype=np.float32).reshape(FEATURES, FEATURES)
