@@ -288,8 +288,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         # uvicorn tells only the newest request; one running ahead of pipelined ones is told too
         if running is not None and running is not self.cycle and not running.response_complete:
-            running.disconnected = True
-            running.message_event.set()
+            _tell_disconnected(running)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
@@ -352,12 +351,17 @@ class DeadlineProtocol(HttpToolsProtocol):
         for name in ("_read_deadline", "_idle_deadline", "_peer_probe"):
             self._cancel(name)
         if self.cycle is not None and not self.cycle.response_started:
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+            _tell_disconnected(self.cycle)
         self._linger = self.loop.call_later(min(LINGER_SECONDS, self.read_timeout), self._raw.abort)
         if self._raw.can_write_eof():  # a TLS transport cannot shut one side: it lingers without
             self._raw.write_eof()
         self.flow.resume_reading()
+
+
+def _tell_disconnected(cycle: Any) -> None:
+    """The app running ``cycle`` reads a disconnect at its next ``receive()``."""
+    cycle.disconnected = True
+    cycle.message_event.set()
 
 
 class ThrottledLog:
