@@ -37,15 +37,18 @@ _ROUTES = (
 
 def unsupported_message(extension: str) -> str:
     """Why a request for ``extension`` is refused, with what the server has instead."""
-    return f"this server does not implement Triton's {extension} extension (GET /v2 lists the ones it does: " \
-           f"{', '.join(SUPPORTED)})"
+    return f"this server does not implement Triton's {extension} extension ({_listed('ones')})"
+
+
+def _listed(what: str) -> str:
+    """Where a client finds the extensions this server implements (``what`` names them)."""
+    return f"GET /v2 lists the {what} it does: {', '.join(SUPPORTED)}"
 
 
 def reserved_message(name: str) -> str:
     """Why parameter ``name`` (it starts with ``RESERVED_PREFIX``) is refused."""
     return f"parameter {name!r}: Triton reserves the parameter names starting with {RESERVED_PREFIX!r} for its own " \
-           f"features (its parameters extension), and this server implements none of them (GET /v2 lists the " \
-           f"extensions it does: {', '.join(SUPPORTED)})"
+           f"features (its parameters extension), and this server implements none of them ({_listed('extensions')})"
 
 
 def route_extension(path: str) -> str | None:

@@ -62,16 +62,19 @@ class _Parameters(BaseModel):
     def _unreserved(self) -> _Parameters:
         for name, value in (self.__pydantic_extra__ or {}).items():
             if name.startswith(extensions.RESERVED_PREFIX):
-                why = PydanticCustomError("reserved_parameter", "{why}; leave the parameter out",
-                                          {"why": extensions.reserved_message(name)})
+                why = _refusal("reserved_parameter", extensions.reserved_message(name))
                 raise ValidationError.from_exception_data(
                     type(self).__name__, [InitErrorDetails(type=why, loc=(name,), input=value)])
         return self
 
 
+def _refusal(kind: str, why: str) -> PydanticCustomError:
+    """The error refusing a parameter: ``why``, and to leave it out."""
+    return PydanticCustomError(kind, "{why}; leave the parameter out", {"why": why})
+
+
 def _refuse(extension: str, _value: Any) -> Any:
-    raise PydanticCustomError("unsupported_parameter", "{why}; leave the parameter out",
-                              {"why": extensions.unsupported_message(extension)})
+    raise _refusal("unsupported_parameter", extensions.unsupported_message(extension))
 
 
 def _with_refused(model: type[_Parameters], refused: dict[str, str]) -> type[_Parameters]:
