@@ -54,6 +54,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   whole batch's columns gathered at once.
 - ``grouped_conv``: a grouped 3x3 Conv's forward and dx: Conv, ConvTranspose vs gathered columns
   times the weight batched over the groups, and (stride 2) vs sub-pixel phases.
+- ``batch_dw``: a dense 3x3 Conv's dW at ResNet's and the stems' shapes, batches 2, 8 and 32: the
+  gathered columns vs the Conv over swapped axes, on the generic and on the NCHWc kernels.
 - ``grouped_dw``: a grouped 3x3 Conv's dW (group width 8): the Conv with each group's channels as
   its batch and dy as its kernel vs the gathered columns into one MatMul batched over the groups.
 - ``reaching_pads``: a stride-2 depthwise Conv's dW as one Conv grouped by image and channel: the
@@ -951,6 +953,46 @@ def grouped_dw(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
+def batch_dw(args) -> None:
+    """A dense 3x3 Conv's dW at ResNet-18/50's and the stems' shapes at 64 px, batches 2, 8, 32:
+    the gathered columns as ``_conv_weight_grad_gathered`` takes them now (the columns as the
+    Gemm's A, dy as its B, one Transpose to dW) vs the Conv over swapped axes (dy its kernel,
+    ``rules_nn._conv_weight_grad``'s last form) on the generic kernel vs on the NCHWc kernels
+    (``graphc.backends.nchwc.rewrite``, every Conv it can run)."""
+    from graphc.backends import nchwc as blocked
+
+    block = blocked.block_size()
+    for n in (2, 8, 32):
+        for ci, co, side, st in [(3, 32, 64, 2), (64, 64, 16, 1), (64, 128, 16, 2), (128, 128, 8, 1),
+                                 (128, 256, 8, 2), (256, 256, 4, 1), (256, 512, 4, 2), (512, 512, 2, 1)]:
+            out = (side + 2 - 3) // st + 1
+            nodes, cols = gathered_columns("x", "x_", ci, side, 3, st, 1)
+            gathered = nodes + [h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]), ints("gdys", [co, -1]),
+                                h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"]),
+                                h.make_node("Gemm", [cols, "dyg2"], ["gg"], transB=1), ints("gws", [ci, 3, 3, co]),
+                                h.make_node("Reshape", ["gg", "gws"], ["gw4"]),
+                                h.make_node("Transpose", ["gw4"], ["dw"], perm=[3, 0, 1, 2])]
+            full = (side + 2 - (out - 1) * st - 1) + 1  # the swapped Conv's taps, cut to 3x3 where more
+            swapped = [h.make_node("Transpose", ["x"], ["xs"], perm=[1, 0, 2, 3]),
+                       h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
+                       h.make_node("Conv", ["xs", "dyt"], ["dws"], dilations=[st, st], pads=[1] * 4),
+                       h.make_node("Transpose", ["dws"], ["dwt" if full != 3 else "dw"], perm=[1, 0, 2, 3])]
+            if full != 3:
+                swapped += [ints("z2", [0, 0]), ints("kk", [3, 3]), ints("hw", [2, 3]),
+                            h.make_node("Slice", ["dwt", "z2", "kk", "hw"], ["dw"])]
+            feeds = {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}
+            variants = {"gathered": gathered, "swapped": swapped}
+            if block:
+                graph = h.make_graph(swapped, "dw", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
+                                                     for k, v in feeds.items()],
+                                     [h.make_tensor_value_info("dw", onnx.TensorProto.FLOAT, None)])
+                rewritten, count = blocked.rewrite(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), block,
+                                                   only_faster=False)
+                if count:
+                    variants["swapped nchwc"] = list(rewritten.graph.node)
+            compare(f"N={n} {ci}->{co} {side}x{side} s{st}", variants, feeds, ["dw"], args)
+
+
 def reaching_pads(args) -> None:
     """A stride-2 depthwise Conv's dW as one Conv grouped by image and channel (dy as its
     kernels, dilated by the stride): with the forward's end pads, which reach a tap past the
@@ -1049,7 +1091,7 @@ def unfold(args) -> None:
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
-                              "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
+                              "large_dw": large_dw, "batch_dw": batch_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
                               "reaching_pads": reaching_pads, "row_conv": row_conv,
                               "depthwise_product": depthwise_product, "nchwc": nchwc, "unfold": unfold}
 

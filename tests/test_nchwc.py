@@ -99,6 +99,9 @@ def test_sessions_take_the_rewrite_at_level_all_only():
     ("a constant weight: onnxruntime reorders it once", conv_model((32, 64, 16, 16), (64, 64, 3, 3), constant_weight=True)),
     ("a dense Conv on too few pixels", conv_model((2, 64, 16, 16), (64, 64, 3, 3), pads=[1, 1, 1, 1])),
     ("a dense dW's Conv, dy its kernel", conv_model((16, 32, 40, 40), (64, 32, 20, 20))),
+    ("a 7x7 stem's dW over swapped axes at batch 2, its output past 3x3",
+     conv_model((3, 2, 64, 64), (64, 2, 32, 32), pads=[3, 3, 3, 3], dilations=[2, 2])),
+    ("a 3x3 dW over swapped axes, dy past SWAPPED_MAX_TAPS", conv_model((64, 2, 32, 32), (64, 2, 32, 32), pads=[1] * 4)),
     ("a depthwise 1x1 (a BatchNorm's affine)", conv_model((32, 64, 16, 16), (64, 1, 1, 1), group=64)),
     ("grouped, not depthwise", conv_model((32, 64, 16, 16), (64, 16, 3, 3), group=4)),
     ("input channels past a block, not whole blocks", conv_model((32, 40, 16, 16), (64, 40, 3, 3))),
@@ -135,10 +138,63 @@ def test_a_dense_conv_on_enough_pixels_is_rewritten_with_a_symbolic_batch():
 
 def test_the_gradient_rules_count_on_the_backends_threshold():
     """The training graphs leave a dense Conv a Conv (not gathered columns) where ort-cpu runs it
-    on the NCHWc kernels: the rules' copy of the threshold is the backend's."""
+    on the NCHWc kernels, and take a small batch's 3x3 dW as the Conv over swapped axes there:
+    the rules' copies of the thresholds are the backend's."""
     from graphc.passes.autodiff import rules_nn
 
     assert rules_nn.NCHWC_MIN_PIXELS == nchwc.DENSE_MIN_PIXELS
+    assert rules_nn.NCHWC_SWAPPED_TAPS == nchwc.SWAPPED_MAX_TAPS
+
+
+@needs_nchwc
+def test_a_small_batchs_3x3_weight_gradient_conv_is_rewritten():
+    """A 3x3 conv's dW over swapped axes at batch 2 (x [Ci, 2, 16, 16], dy [Co, 2, 16, 16] its
+    kernel, output 3x3), 256 taps, runs on the NCHWc kernels (input left NCHW) and computes the Conv."""
+    proto = conv_model((64, 2, 16, 16), (64, 2, 16, 16), pads=[1, 1, 1, 1])
+    rewritten, count = nchwc.rewrite(proto, BLOCK)
+    assert count == 1 and sorted(blocked_ops(rewritten)) == ["Conv", "ReorderOutput"]
+    feeds = feeds_for(proto)
+    np.testing.assert_allclose(run_ort(rewritten, feeds), gc.Session(proto, backend="numpy").run(feeds)["y"],
+                               rtol=1e-4, atol=1e-3)
+
+
+@needs_nchwc
+@pytest.mark.parametrize(("batch", "swapped"), [(2, True), (8, False)])
+def test_a_small_batchs_3x3_weight_gradient_is_the_swapped_conv(monkeypatch, batch, swapped):
+    """Generated for this CPU, a 64-channel 3x3 conv on 16x16 at batch 2 takes its dW as the Conv
+    over swapped axes (dy its kernel, ``rules_nn.swaps_on_nchwc``), at batch 8 the gathered columns;
+    both give torch's gradients on ort-cpu (the NCHWc kernels) and the numpy backend."""
+    torch = pytest.importorskip("torch")
+    from graphc import nn
+    from graphc.compile import training
+
+    monkeypatch.setattr(training, "_nchwc_block", lambda: BLOCK)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
+
+        def forward(self, x):
+            return {"y": self.conv(x)}
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(batch, 64, 16, 16)).astype(np.float32)
+    target = rng.normal(size=(batch, 64, 16, 16)).astype(np.float32)
+    captured = gc.capture(Net(), x=gc.spec("float32", x.shape, name="x"))
+    arts = gc.training.generate(captured, gc.losses.mse("y", label="t"), gc.optim.SGD(1.0))
+    kernels = [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv"]
+    assert (kernels != ["conv.weight"]) == swapped  # the forward's, and dy for the dW over swapped axes
+    assert any(n.op_type == "Gather" for n in arts.train_step.proto.graph.node) != swapped
+    weight = np.array(gc.Trainer(arts, backend="numpy").params["conv.weight"])
+    w = torch.tensor(weight, dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), w, padding=1)
+    torch.nn.functional.mse_loss(y, torch.tensor(target, dtype=torch.float64)).backward()
+    for backend in ("ort-cpu", "numpy"):
+        trainer = gc.Trainer(arts, backend=backend)
+        trainer.step({"x": x, "t": target})
+        dw = weight - np.asarray(trainer.params["conv.weight"])  # SGD at lr 1: the step is the gradient
+        np.testing.assert_allclose(dw, w.grad.numpy(), rtol=1e-3, atol=1e-6, err_msg=backend)
 
 
 @needs_nchwc

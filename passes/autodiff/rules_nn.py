@@ -504,7 +504,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   interleaved: ResNet-18 at batch 32 0.985x / 1.004x, at batch 2 0.985x; ResNet-50 0.998x).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
     #   exchanged, then the result transposed: for grouped convs at batches under 4 and on
-    #   CUDA, larger kernels and past the cap. On the CPU a stride-1 depthwise 2-D conv on maps
+    #   CUDA, larger kernels and past the cap; and for a 3x3 conv of up to 64 channels at a
+    #   static batch of 1 or 2 where ort-cpu runs it on its NCHWc kernels (``swaps_on_nchwc``,
+    #   its table there): ResNet-18's and ResNet-50's 64-channel convs on 16x16 at 64 px, batch 2,
+    #   Trainer steps interleaved on a loaded 2-core VM, 1 thread: ResNet-18 0.940x the step time
+    #   (rounds 0.79x-1.09x, their median 0.91x; kernel time, fastest of 4 profiles, 84.7 -> 79.6 ms,
+    #   its conv gradients 9.0 -> 7.3), ResNet-50 0.980x (median 0.99x). Batches 8 and 32 keep
+    #   the gathered columns (their graphs unchanged). On the CPU a stride-1 depthwise 2-D conv on maps
     #   up to 64x64 takes two matrix products over x's and dy's rows (``_depthwise_weight_grad_rows``;
     #   at a batch under 4 from 1024 output pixels). Another depthwise conv with a static batch
     #   takes the same Conv over the images' channels as groups, without the Transposes,
@@ -549,10 +555,11 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     per_image = cg * group * math.prod(kernel) * math.prod(out)  # columns
     dense = group == 1 and floats
     runs = _channel_runs(x, cg * group, cg, group, kernel, out)
-    if (floats and not cuda and math.prod(kernel) <= 9 and runs is not None
+    swapped = swaps_on_nchwc(g.nchwc, x.dtype, _known_batch(x), cg, group, kernel, out, strides, dilations)
+    if (floats and not cuda and not swapped and math.prod(kernel) <= 9 and runs is not None
             and (group == 1 or (cg > 1 and typical_batch(x) >= 4))):
         return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group, runs)
-    if (dense and (math.prod(kernel) <= 9 or cuda)
+    if (dense and not swapped and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
@@ -699,6 +706,27 @@ def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
 
 
 NCHWC_MIN_PIXELS = 1024  # ``graphc.backends.nchwc.DENSE_MIN_PIXELS`` (passes never import a backend)
+NCHWC_SWAPPED_TAPS = 256  # ``graphc.backends.nchwc.SWAPPED_MAX_TAPS``
+
+
+def swaps_on_nchwc(nchwc: int, dtype, batch: int | None, in_channels: int, group: int, kernel, out, strides,
+                   dilations) -> bool:
+    """Does a dense 3x3 stride-1 Conv's dW take the Conv over swapped axes (dy its kernel), which
+    ort-cpu runs on onnxruntime's NCHWc kernels of channel block ``nchwc`` (``graphc.backends.nchwc``:
+    a batch under a block, dy of at most ``NCHWC_SWAPPED_TAPS`` pixels), in place of the gathered
+    columns? At a static batch of 1 or 2, up to 64 input channels, on maps of 65 to 256 pixels.
+    ``bench_lowerings.py --only batch_dw``, 1 thread, ms, two runs, gathered vs that: N=2, 64ch
+    16x16 0.67 / 0.65 vs 0.46 / 0.49; 32ch 16x16 0.27 / 0.28 vs 0.18 / 0.17; 64ch 12x12 0.36 /
+    0.34 vs 0.24 / 0.24; N=1, 64ch 16x16 0.51 / 0.48 vs 0.21 / 0.21. Not at 128 channels (N=2,
+    8x8 0.50 / 0.49 vs 0.49 / 0.48; 12x12 1.01 / 0.96 vs 1.01 / 1.00; 16x16 3.3 / 4.4 vs 4.5 /
+    3.3), 256 (16x16 12.5 / 12.0 vs 13.5 / 13.7), with a stride (64->128 on 16x16 0.25 / 0.26 vs
+    0.36 / 0.37), nor from N=4 (64ch 16x16 0.92 / 0.85 vs 0.87 / 0.91; 128ch 8x8 0.79 / 0.65 vs
+    0.87 / 0.80), N=8 (1.22 vs 1.44) or N=32 (9.1 vs 19.8); the 3-channel stems (N=2, 3->32 on
+    64x64 stride 2 0.13 vs 0.12) are a tie. ResNet-18 and ResNet-50 at 64 px take it for their
+    64-channel 3x3 convs on 16x16 maps at batch 2."""
+    return (bool(nchwc) and dtype == ir.DataType.FLOAT and batch is not None and batch <= 2 and group == 1
+            and in_channels <= 64 and list(kernel) == [3, 3] and all(s == 1 for s in strides)
+            and all(d == 1 for d in dilations) and 64 < math.prod(out) <= NCHWC_SWAPPED_TAPS)
 
 
 def blocked_dense(nchwc: int, dtype, in_channels: int, batch: int, out) -> bool:
