@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
+from graphc.model.dtypes import finfo
 from graphc.passes.training.update_step import Step, StepContext, prologue, shrink
 
 __all__ = ["FACTORED", "VECTOR", "eps_for", "slots", "state_shape", "step"]
@@ -50,9 +51,9 @@ def state_shape(slot: str, shape: Sequence[int]) -> tuple[int, ...]:
 
 def eps_for(eps: Sequence[float | None], dtype: ir.DataType) -> tuple[float, float]:
     """``(eps1, eps2)`` with an ``eps1`` of None made the machine epsilon of ``dtype`` (the param's:
-    torch's ``torch.finfo(param.dtype).eps``)."""
+    torch's ``torch.finfo(param.dtype).eps``: 2**-7 for bfloat16, 2**-10 for float16)."""
     eps1, eps2 = eps
-    return (float(np.finfo(dtype.numpy()).eps) if eps1 is None else float(eps1)), float(eps2)
+    return (float(finfo(dtype.numpy()).eps) if eps1 is None else float(eps1)), float(eps2)
 
 
 def _lerp(b, start: ir.Value, end: ir.Value, small: ir.Value, coef: ir.Value) -> ir.Value:
