@@ -1,5 +1,6 @@
 """Data-parallel training (2 local Ray workers, ``accumulate=2``) with the kinds whose first step reads the lr
-into their state (Rprop's ``step_size``, ASGD's ``eta``) under a ``LinearLR`` warm-up, of a model with a param
+into their state (Rprop's ``step_size``, ASGD's ``eta``) under a ``LinearLR`` warm-up, and Adadelta (a no_decay
+group) and Adafactor (its step reads whole params' norms, so each is stepped alone; clipped), of a model with a param
 read only through an argmax: as one process's Trainer (which equals torch 2.13, ``test_optim_torch_rest_combos``
 and ``test_no_gradient_params``) to 1e-12, and that param untrained on every worker."""
 
@@ -39,7 +40,10 @@ def _run(trainer, batches):
     return losses, states
 
 
-@pytest.mark.parametrize("spec", [gc.optim.Rprop(0.05), gc.optim.ASGD(0.05, t0=1)], ids=["rprop", "asgd"])
+@pytest.mark.parametrize("spec", [gc.optim.Rprop(0.05), gc.optim.ASGD(0.05, t0=1),
+                                  gc.optim.Adadelta(0.5, weight_decay=0.05, no_decay="*.bias"),
+                                  gc.optim.Adafactor(0.05, weight_decay=0.05, max_grad_norm=0.3)],
+                         ids=["rprop", "asgd", "adadelta", "adafactor"])
 def test_two_workers_accumulating_equal_one_process(ray_cluster, spec):
     model = gc.capture(Net(), seed=0, x=gc.spec("float64", ("N", 4)))
     arts = gc.training.generate(model, gc.losses.mse("output", label="y"), spec)
