@@ -1,7 +1,7 @@
 """``gc.optim.Adadelta``, ``Rprop``, ``ASGD`` and ``Adafactor`` in a Trainer with what the update alone does
 not see, against torch.optim 2.13 in float64: ``accumulate=2``, ``max_grad_norm``, a ``no_decay`` group, a
 frozen weight and a ``LinearLR`` warm-up whose lr the first step reads (Rprop's first ``step_size``, ASGD's
-first ``eta``)."""
+first ``eta``); a fresh Rprop after Adam (``fresh_optimizer``) with its lr changed before its first step."""
 
 from __future__ import annotations
 
@@ -55,3 +55,37 @@ def test_accumulated_clipped_warmed_up_steps_are_torch_s(spec, backend, torch_fl
                                        err_msg=f"step {t} {name}")
         ours.step()
         theirs.step()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_fresh_rprop_after_adam_starts_its_step_sizes_at_the_lr_set_then(tmp_path, backend, torch_float64):
+    """Adam for 3 steps, checkpointed; Rprop(0.05) takes its params (``fresh_optimizer``) with the lr set
+    to 0.02 before its first step, as torch's new Rprop whose param_groups' lr is set so: its step sizes
+    start at 0.02, and 3 steps later params and step sizes are torch's to 1e-12."""
+    torch = torch_float64
+    batches = _batches(6)
+    first = gc.Trainer(_arts(gc.optim.Adam(0.01)), backend=backend)
+    for batch in batches[:3]:
+        first.step(batch)
+    first.save_checkpoint(tmp_path / "ck")
+    spec = gc.optim.Rprop(0.05)
+    trainer = gc.Trainer(_arts(spec), backend=backend)
+    trainer.load_checkpoint(tmp_path / "ck", fresh_optimizer=True)
+    trainer.lr = 0.02
+    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in trainer.params.items()}
+    opt = _torch_optimizer(torch, spec, params)
+    opt.param_groups[0]["lr"] = opt.param_groups[1]["lr"] = 0.02
+    for t, batch in enumerate(batches[3:], start=1):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(_torch_forward(torch, params, torch.from_numpy(batch["x"])),
+                                     torch.from_numpy(batch["y"])).backward()
+        opt.step()
+        trainer.step(batch)
+        if t == 1:  # no sign seen before: every step size stays the lr
+            np.testing.assert_array_equal(trainer.state_dict()["fc.weight.step_size"], 0.02)
+    state = trainer.state_dict()
+    for name, value in trainer.params.items():
+        np.testing.assert_allclose(value, params[name].detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+        if params[name].requires_grad:
+            np.testing.assert_allclose(state[f"{name}.step_size"], opt.state[params[name]]["step_size"].numpy(),
+                                       rtol=1e-12, err_msg=name)
