@@ -25,6 +25,8 @@ from graphc.model.dtypes import (
     TensorSpec,
     bfloat16,
     bool_,
+    complex64,
+    complex128,
     float16,
     float32,
     float64,
@@ -132,8 +134,11 @@ _TORCH_COVERAGE_OPS = {
 }
 _SETTINGS_OPS = ("get_default_dtype set_default_dtype use_deterministic_algorithms "
                  "are_deterministic_algorithms_enabled is_deterministic_algorithms_warn_only_enabled").split()
-_REFUSED_OPS = ("view_as_real view_as_complex view_as_real_copy view_as_complex_copy polar complex save "
-                "get_num_threads set_num_threads").split()
+_REFUSED_OPS = "save get_num_threads set_num_threads".split()
+# complex Tensors (graphc.dsl.complex_ops): the constructors, and the names that take real or complex Tensors
+_COMPLEX_OPS = "complex polar view_as_real view_as_complex view_as_real_copy view_as_complex_copy".split()
+_EITHER_OPS = ("zeros ones zeros_like exp abs sum mean matmul einsum real imag conj angle is_complex add sub mul "
+               "div").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -179,6 +184,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.seeding", op) for op in ("manual_seed", "initial_seed")},
     **{op: ("graphc.dsl.torch_settings", op) for op in _SETTINGS_OPS},
     **{op: ("graphc.dsl.refusals", op) for op in _REFUSED_OPS},
+    **{op: ("graphc.dsl.complex_ops", op) for op in _COMPLEX_OPS},
+    **{op: ("graphc.dsl.complex_ops", f"{op}_any") for op in _EITHER_OPS},
+    "fft": ("graphc.dsl.fft", None),
     "compile": ("graphc.compile", None),  # the sub-package, callable as torch.compile
     "is_tensor": ("graphc.nn.parameter", "is_tensor"),
     "Size": ("graphc.dsl.tensor", "Size"),
@@ -292,7 +300,7 @@ __all__ = [
     "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError",
     "GraphcError", "InputError",
     "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PerformanceWarning",
-    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "load", "spec", "uint8", "uint16", "uint32", "uint64",
+    "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "complex64", "complex128", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "load", "spec", "uint8", "uint16", "uint32", "uint64",
     *_LAZY,
 ]
 

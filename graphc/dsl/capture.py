@@ -16,7 +16,7 @@ from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor method
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
 from graphc.dsl.builder import Builder, raised_at
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
 from graphc.model import BUFFERS_KEY, Model
@@ -149,7 +149,7 @@ def _modes(module: Module | None, training: bool):
 
 
 def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
-    if isinstance(result, Tensor):
+    if isinstance(result, (Tensor, ComplexTensor)):
         named = {"output": result}
     elif isinstance(result, dict):
         named = dict(result)
@@ -160,6 +160,10 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
                            f"got {type(result).__name__}")
     values, seen = [], set()
     for key, t in named.items():
+        if isinstance(t, ComplexTensor):
+            raise CaptureError(f"output {key!r} is a complex Tensor ({t.type_str()}); graph outputs are real: return "
+                               f"gc.view_as_real(z) (its [..., 2] layout of real and imaginary parts), z.real or "
+                               f"z.abs()")
         if not isinstance(t, Tensor):
             raise CaptureError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
         value = t.value

@@ -17,7 +17,7 @@ from graphc.dsl import dim_sizes, ops, ops_binary, ops_divide, ops_order
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
-from graphc.dsl.tensor import DimName, Tensor
+from graphc.dsl.tensor import ComplexTensor, DimName, Tensor
 from graphc.errors import CaptureError
 
 
@@ -157,7 +157,26 @@ METHODS = {
     "softmax": _softmax_method(ops.softmax), "log_softmax": _softmax_method(ops.log_softmax),
 }
 
+
+
+def _defer_complex(name: str, method: Any) -> Any:
+    """``method``; NotImplemented for a complex Tensor operand, so its reflected operator runs; a complex
+    number or array operand makes the operation complex."""
+    def either(a: Tensor, b: Any) -> Any:
+        if isinstance(b, ComplexTensor):
+            return NotImplemented
+        if complex_ops.is_complex_value(b):
+            return getattr(complex_ops.of_parts(a, None), name)(b)
+        return method(a, b)
+    return either
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__matmul__", "__rmatmul__", "__eq__", "__ne__"):
+    METHODS[_name] = _defer_complex(_name, METHODS[_name])
 for _name, _method in METHODS.items():
     setattr(Tensor, _name, _method)
 for _name, _method in dim_sizes.DIM_NAME_OPERATORS.items():
     setattr(DimName, _name, _method)
+
+from graphc.dsl import complex_ops  # noqa: E402,F401 - binds ComplexTensor's operators and methods too

@@ -17,7 +17,7 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op, promoted
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
-from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
+from graphc.dsl.tensor import VIEW_OPS, ComplexTensor, Tensor, complex_refusal, graphc_function, note_views
 from graphc.dsl.builder import Outside, current, made_outside, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.upcast import in_float32
@@ -47,6 +47,8 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
         return constant(arr)
     if isinstance(x, str):
         return _dim_size(x, like)
+    if isinstance(x, ComplexTensor):
+        raise complex_refusal(graphc_function(), x)
     raise CaptureError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
 

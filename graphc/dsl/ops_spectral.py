@@ -1,5 +1,6 @@
-"""torch's window functions, ``torch.stft`` and ``torch.istft`` in standard ONNX ops. graphc has no
-complex dtype: spectra are torch's real layout ``[..., freq, frames, 2]`` (``view_as_real``).
+"""torch's window functions, ``torch.stft`` and ``torch.istft`` in standard ONNX ops. ``stft``'s spectrum is a
+complex Tensor (``return_complex=True``) or its real layout ``[..., freq, frames, 2]`` (``view_as_real``);
+``istft`` takes the real layout.
 In float32 ``stft`` is one strided Conv by the windowed cos/sin basis and ``istft`` one
 ConvTranspose by the windowed inverse basis (the overlap-add for free) divided by the window's
 squared envelope; in float64 the frames are gathered and the overlaps added by ScatterElements
@@ -18,7 +19,7 @@ from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, resh
 from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
 from graphc.dsl.ops_layers import conv1d, conv_transpose1d
 from graphc.dsl.ops_views import index_add
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 
@@ -173,15 +174,12 @@ _PAD_MODES = ("reflect", "constant", "replicate", "circular")
 def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: int | None = None,  # noqa: A002
          window: Any = None, center: bool = True, pad_mode: str = "reflect", normalized: bool = False,
          onesided: bool | None = None, return_complex: bool | None = None) -> Tensor:
-    """``torch.view_as_real(torch.stft(...))`` of a real ``(L)`` or ``(B, L)`` signal: ``[..., freq,
-    frames, 2]`` (real, imaginary), with ``return_complex=False``. ``L`` and ``B`` may be symbolic.
+    """``torch.stft`` of a real ``(L)`` or ``(B, L)`` signal: with ``return_complex=True`` a complex Tensor
+    ``[..., freq, frames]``, with ``False`` its ``view_as_real`` layout ``[..., freq, frames, 2]``. ``L`` and ``B`` may be symbolic.
     Signature: ai.onnx@11::Conv (stride hop_length, the windowed DFT basis as kernel)"""
     if return_complex is None:
         raise CaptureError(f"stft requires the return_complex parameter be given for real inputs, as torch: pass "
                            f"return_complex=False for the real layout [..., freq, frames, 2] (at {user_source()})")
-    if return_complex:
-        raise CaptureError(f"stft return_complex=True: graphc has no complex dtype; pass return_complex=False for "
-                           f"torch.view_as_real's layout [..., freq, frames, 2] (at {user_source()})")
     x = _float_input("stft", input, (1, 2), "1-D (L) or 2-D (B, L)")
     n_fft, hop, win = _lengths("stft", x, n_fft, hop_length, win_length)
     if center and pad_mode not in _PAD_MODES:
@@ -203,7 +201,8 @@ def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: i
         frames = emit("Gather", [signal, unsqueeze(starts, [1]) + constant(np.arange(n_fft))], {"axis": 1})
         spectrum = transpose(matmul(frames, transpose(reshape(basis, [2 * freqs, n_fft]))), [0, 2, 1])
     out = transpose(reshape(spectrum, [signal.shape[0], freqs, 2, -1]), [0, 1, 3, 2])
-    return out if x.ndim == 2 else squeeze(out, [0])
+    out = out if x.ndim == 2 else squeeze(out, [0])
+    return ComplexTensor(pair=out) if return_complex else out
 
 
 def _count(x: Tensor, dim: int, plus: int) -> Any:

@@ -1,6 +1,5 @@
 """torch names graphc has no counterpart for, each a function that refuses with the reason and the way out (a
-ported script stops at the line, not at an ``AttributeError``): complex tensors (ONNX has no complex arithmetic),
-pickled files, a process-wide thread count."""
+ported script stops at the line, not at an ``AttributeError``): pickled files, a process-wide thread count."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ from typing import Any
 
 from graphc.errors import CaptureError
 
-_COMPLEX = ("ONNX has no complex arithmetic, so graphc has no complex dtype; keep the real and imaginary parts as "
-            "two real Tensors (rotary embeddings: x * cos + rotate_half(x) * sin, with gc.cos/gc.sin of the angles)")
 _PICKLE = ("graphc never pickles; a module's weights are arrays by PyTorch's keys: "
            "safetensors.numpy.save_file(model.state_dict(), 'model.safetensors') and "
            "model.load_state_dict(safetensors.numpy.load_file('model.safetensors')); a captured model: "
@@ -28,15 +25,8 @@ def _refused(name: str, why: str, error: type[Exception]) -> Callable[..., Any]:
     return refused
 
 
-view_as_real = _refused("view_as_real", _COMPLEX, CaptureError)
-view_as_complex = _refused("view_as_complex", _COMPLEX, CaptureError)
-view_as_real_copy = _refused("view_as_real_copy", _COMPLEX, CaptureError)
-view_as_complex_copy = _refused("view_as_complex_copy", _COMPLEX, CaptureError)
-polar = _refused("polar", _COMPLEX, CaptureError)
-complex = _refused("complex", _COMPLEX, CaptureError)  # noqa: A001 - torch's name
 save = _refused("save", _PICKLE, NotImplementedError)
 get_num_threads = _refused("get_num_threads", _THREADS, NotImplementedError)
 set_num_threads = _refused("set_num_threads", _THREADS, NotImplementedError)
 
-__all__ = ["complex", "get_num_threads", "polar", "save", "set_num_threads", "view_as_complex",
-           "view_as_complex_copy", "view_as_real", "view_as_real_copy"]
+__all__ = ["get_num_threads", "save", "set_num_threads"]

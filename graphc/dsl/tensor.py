@@ -8,6 +8,7 @@ bound to the class by ``graphc.dsl.methods``, which every capture imports first.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from typing import Any
 
@@ -262,3 +263,101 @@ def _sliced(old: tuple[int, ...], inputs: list) -> tuple[int, ...] | None:
     for axis, step in zip(np.asarray(axes).tolist(), np.asarray(steps).tolist()):
         out[axis] *= int(step)
     return tuple(out)
+
+
+class ComplexTensor:
+    """A complex value in the graph being captured (``gc.complex64``/``complex128``): one real Tensor with a
+    trailing dim of 2 (real, imaginary), ONNX's DFT layout and torch's ``view_as_real``, so every graph value
+    stays real and gradients come from the real ops. It may be held as its two parts instead (what most ops
+    make and read); the pair is built from them on first need. Its operators and methods are bound by
+    ``graphc.dsl.complex_ops``; any other is a ``CaptureError`` naming it."""
+
+    __slots__ = ("_pair", "_parts")
+    __array_priority__ = 1001  # before a real Tensor's reflected operators
+
+    def __init__(self, pair: Tensor | None = None, parts: tuple[Tensor, Tensor] | None = None):
+        self._pair, self._parts = pair, parts
+
+    @property
+    def dtype(self) -> DType:
+        part = (self._parts[0] if self._parts is not None else self._pair).dtype
+        return as_dtype("complex128" if part == "float64" else "complex64")
+
+    @property
+    def shape(self) -> Size | None:
+        if self._parts is not None:
+            return self._parts[0].shape
+        shape = self._pair.shape
+        return None if shape is None else shape[:-1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def is_complex(self) -> bool:
+        return True
+
+    def type_str(self) -> str:
+        return f"{self.dtype}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        return f"ComplexTensor({self.type_str()})"
+
+    __hash__ = object.__hash__
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        internal = name in ("value", "_ir", "_value", "eager_value", "_view", "_views", "_stale", "_scope")
+        raise complex_refusal(graphc_function() if internal else name, self)
+
+    def __bool__(self) -> bool:
+        raise CaptureError(f"Python `if`/`bool()` on a complex traced value {self.type_str()} at {user_source()}")
+
+    def numpy(self) -> np.ndarray:
+        """The example value as a complex array (eager capture, or made outside any capture)."""
+        if self._parts is not None:
+            re, im = (part.numpy() for part in self._parts)
+        else:
+            pair = self._pair.numpy()
+            re, im = pair[..., 0], pair[..., 1]
+        return (re + 1j * im).astype(self.dtype.numpy)
+
+    def __array__(self, dtype: Any = None, copy: Any = None):
+        held = self._parts[0] if self._parts is not None else self._pair
+        if not made_outside(held.value):
+            raise CaptureError(f"complex traced value {self.type_str()} cannot become a numpy array at "
+                               f"{user_source()}: inside forward use gc.* functions on it")
+        return self.numpy() if dtype is None else self.numpy().astype(dtype)
+
+
+def complex_refusal(op: str, z: ComplexTensor) -> CaptureError:
+    """The error for ``op`` given the complex Tensor ``z``, which it does not take."""
+    return CaptureError(f"{op} does not take complex Tensors (got {z.type_str()} at {user_source()}); graphc's "
+                        f"complex ops: + - * / @, .real, .imag, .conj(), .abs(), .angle(), exp, sum, mean, "
+                        f"indexing and writes, reshape/permute, einsum, matmul and gc.fft; gc.view_as_real(z) "
+                        f"gives the real [..., 2] Tensor every other op takes")
+
+
+# modules whose functions wrap the op the user called (torch's keywords, autocast's casts, float32 upcasts)
+_WRAPPERS = ("graphc.dsl.torch_keywords", "graphc.dsl.autocast", "graphc.dsl.upcast")
+
+
+def graphc_function() -> str:
+    """The name of the graphc function the user's code called: the outermost graphc frame on the stack that
+    is not a wrapper's."""
+    frame, name = sys._getframe(1), "this op"
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("graphc."):
+            name = name if module in _WRAPPERS else frame.f_code.co_name
+        elif name != "this op":
+            break
+        frame = frame.f_back
+    return name

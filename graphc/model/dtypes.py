@@ -43,10 +43,13 @@ for _name, _code in onnx.TensorProto.DataType.items():
             _TABLE[_name.lower()] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_code)), _code)
         except (KeyError, TypeError, ValueError):  # pragma: no cover - an onnx without ml_dtypes
             pass
-_ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}
+_ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16", "cfloat": "complex64",
+            "cdouble": "complex128"}
 _BY_ONNX = {code: name for name, (_, code) in _TABLE.items()}
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+# a complex dtype -> the real dtype of its parts (a complex DSL Tensor is a real one with a trailing (real, imag) dim)
+COMPLEX_PARTS = {"complex64": "float32", "complex128": "float64"}
 
 
 class DType(str):
@@ -68,10 +71,11 @@ float32, float16, bfloat16, float64 = (DType(n) for n in ("float32", "float16", 
 int64, int32, int16, int8 = (DType(n) for n in ("int64", "int32", "int16", "int8"))
 uint8, uint16, uint32, uint64 = (DType(n) for n in ("uint8", "uint16", "uint32", "uint64"))
 bool_ = DType("bool")
+complex64, complex128 = DType("complex64"), DType("complex128")
 # torch's other names for these dtypes (``torch.bool``, ``torch.long``, ...): ``gc.bool`` etc., attributes of the
 # graphc module only (not in its ``__all__``: a star import would hide the builtins bool, float and int)
 TORCH_NAMES = {"bool": bool_, "float": float32, "double": float64, "half": float16, "long": int64, "int": int32,
-               "short": int16, "int16": int16}
+               "short": int16, "int16": int16, "cfloat": complex64, "cdouble": complex128}
 
 DTypeLike = Union[str, np.dtype, type, int]
 

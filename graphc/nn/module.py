@@ -21,7 +21,7 @@ from graphc.dsl.seeding import initial_seed
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
-from graphc.nn.parameter import Parameter, read_param
+from graphc.nn.parameter import Parameter, held_array, read_param
 from graphc.nn.reprs import repr_block
 from graphc.nn.slots import (EXPECTED, check_name, children, empty, is_tensor, register, registered, set_buffer,
                              wrong_kind)
@@ -304,7 +304,7 @@ class Module:
         ``assign=True`` takes the state's tensors). ``strict``: a key missing or unexpected is an error;
         a shape that differs always is. Nothing is set when an error is raised."""
         own = {k: p for k, p in self._named_tensors(remove_duplicate=False) if p.persistent}
-        arrays = {k: np.asarray(v) for k, v in state.items() if k in own}
+        arrays = {k: held_array(own[k], v) for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         wrong = [f"{k}: the module has {own[k].shape}, the state {tuple(a.shape)}" for k, a in arrays.items()

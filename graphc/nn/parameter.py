@@ -10,9 +10,9 @@ import numpy as np
 
 from graphc.dsl.builder import Builder, user_source
 from graphc.dsl.ops import detach
-from graphc.dsl.tensor import Size, Tensor
+from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.model.dtypes import COMPLEX_PARTS, as_dtype, to_numpy
 from graphc.nn import draws
 from graphc.nn.param_data import Sized, data_of
 
@@ -34,13 +34,17 @@ class Parameter(Sized):
             dtype = data.dtype if dtype is None and isinstance(data, (Tensor, Parameter)) else dtype
             data = np.asarray(data)
             if dtype is None:
-                dtype = "float32" if data.dtype == np.float64 else data.dtype
+                dtype = {np.float64: "float32", np.complex128: "complex64"}.get(data.dtype.type, data.dtype)
             shape = data.shape
             data = data.astype(to_numpy(as_dtype(dtype)))
         if shape is None:
             raise CaptureError("gc.nn.Parameter needs data or a shape")
+        dtype = as_dtype("float32" if dtype is None else dtype)
+        self.complex = dtype in COMPLEX_PARTS
+        if self.complex:
+            dtype, shape, data = as_dtype(COMPLEX_PARTS[dtype]), (*shape, 2), None if data is None else real_pair(data)
         self.shape = Size(int(d) for d in shape)
-        self.dtype = as_dtype("float32" if dtype is None else dtype)
+        self.dtype = dtype
         self.init = init or draws.zeros
         self.buffer = buffer
         self._data: np.ndarray | None = data
@@ -55,7 +59,7 @@ class Parameter(Sized):
 
     @data.setter
     def data(self, value: Any) -> None:
-        arr = np.asarray(value)
+        arr = held_array(self, value)
         if tuple(arr.shape) != self.shape:
             raise CaptureError(f"parameter {self.qualname or ''} has shape {self.shape}, got {arr.shape}")
         self._data = arr.astype(to_numpy(self.dtype))
@@ -119,8 +123,19 @@ for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_
     setattr(Parameter, _name, _in_place(_name))
 
 
+def real_pair(array: np.ndarray) -> np.ndarray:
+    """A complex array as torch's ``view_as_real``: ``[..., 2]`` (real, imaginary)."""
+    return np.stack([array.real, array.imag], -1)
+
+
+def held_array(param: Parameter, value: Any) -> np.ndarray:
+    """``value`` as ``param`` holds it: torch's complex array of a complex parameter as its real pair."""
+    array = np.asarray(value)
+    return real_pair(array) if getattr(param, "complex", False) and np.iscomplexobj(array) else array
+
+
 def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> Tensor:
-    """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
+    """The Tensor for ``param`` in this capture (one initializer per Parameter object; a complex one's real pair)."""
     tensor = builder.param_tensors.get(id(param))
     if tensor is not None:
         return tensor
@@ -150,12 +165,12 @@ def read_param(builder: Builder, owner: Any, attr: str, param: Parameter) -> Ten
     (``requires_grad=False``) its ``gc.detach``, one per graph scope that every read there shares (a
     body's Identity cannot serve the graph around it)."""
     tensor = param_tensor(builder, owner, attr, param)
-    if param.requires_grad or param.buffer:
-        return tensor
-    key = (id(param), builder.scope.id)
-    if key not in builder.param_tensors:
-        builder.param_tensors[key] = detach(tensor)
-    return builder.param_tensors[key]
+    if not (param.requires_grad or param.buffer):
+        key = (id(param), builder.scope.id)
+        if key not in builder.param_tensors:
+            builder.param_tensors[key] = detach(tensor)
+        tensor = builder.param_tensors[key]
+    return ComplexTensor(pair=tensor) if getattr(param, "complex", False) else tensor
 
 
 def is_tensor(obj: Any) -> bool:
