@@ -251,3 +251,11 @@ def test_stft_return_complex_is_a_complex_tensor():
 def test_unsupported_complex_uses_are_capture_errors_naming_the_op(fn, match):
     with pytest.raises(gc.CaptureError, match=match):
         gc.capture(fn, a=gc.spec("float64", ("N", 4)), b=gc.spec("float64", ("N", 4)))
+
+
+def test_istft_takes_stft_s_complex_tensor():
+    x = RNG.standard_normal((2, 64))
+    fn = lambda m, x: m.istft(m.stft(x, 16, hop_length=4, window=m.hann_window(16, dtype=m.float64),  # noqa: E731
+                                     return_complex=True), 16, hop_length=4, window=m.hann_window(16, dtype=m.float64))
+    for backend in BACKENDS:
+        np.testing.assert_allclose(_run(fn, backend, x=x), _expected(fn, x=x), rtol=1e-10, atol=1e-12)

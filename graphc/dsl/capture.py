@@ -15,7 +15,7 @@ from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators befor
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
-from graphc.dsl.builder import Builder, raised_at
+from graphc.dsl.builder import Builder, raised_at, user_source
 from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
@@ -163,7 +163,7 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
         if isinstance(t, ComplexTensor):
             raise CaptureError(f"output {key!r} is a complex Tensor ({t.type_str()}); graph outputs are real: return "
                                f"gc.view_as_real(z) (its [..., 2] layout of real and imaginary parts), z.real or "
-                               f"z.abs()")
+                               f"z.abs() (at {user_source()})")
         if not isinstance(t, Tensor):
             raise CaptureError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
         value = t.value

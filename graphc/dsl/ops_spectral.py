@@ -19,6 +19,7 @@ from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, resh
 from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
 from graphc.dsl.ops_layers import conv1d, conv_transpose1d
 from graphc.dsl.ops_views import index_add
+from graphc.dsl.complex_ops import pair
 from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
@@ -240,13 +241,14 @@ def _fit(y: Tensor, length: int) -> Tensor:
 def istft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: int | None = None,  # noqa: A002
           window: Any = None, center: bool = True, normalized: bool = False, onesided: bool | None = None,
           length: int | None = None, return_complex: bool = False) -> Tensor:
-    """``torch.istft`` of torch's real layout ``[..., freq, frames, 2]`` (``view_as_real`` of the
-    complex spectrum; rank 3 or 4, batch and frames may be symbolic) to a real ``(L)`` or ``(B, L)``
+    """``torch.istft`` of a complex spectrum ``[..., freq, frames]`` or its real layout ``[..., freq, frames,
+    2]`` (``view_as_real``; rank 3 or 4, batch and frames may be symbolic) to a real ``(L)`` or ``(B, L)``
     signal. Signature: ai.onnx@11::ConvTranspose (stride hop_length, the windowed inverse DFT basis)"""
     if return_complex:
-        raise CaptureError(f"istft return_complex=True: graphc has no complex dtype; pass return_complex=False "
-                           f"(at {user_source()})")
-    x = _float_input("istft", input, (3, 4), "[freq, frames, 2] or [B, freq, frames, 2]")
+        raise CaptureError(f"istft return_complex=True: graphc's istft gives real signals only; pass "
+                           f"return_complex=False (at {user_source()})")
+    x = _float_input("istft", pair(input) if isinstance(input, ComplexTensor) else input, (3, 4),
+                     "[freq, frames, 2] or [B, freq, frames, 2]")
     n_fft, hop, win = _lengths("istft", x, n_fft, hop_length, win_length)
     spectrum = x if x.ndim == 4 else unsqueeze(x, [0])
     freqs, frames = spectrum.shape[1], spectrum.shape[2]
