@@ -44,7 +44,7 @@ def rprop(ctx: StepContext, param, grad, state, etas=(0.5, 1.2), step_sizes=(1e-
           weight_decay=0.0) -> Step:
     # ``weight_decay``: the no-decay params' 0 that generate passes every kind (Rprop has none)
     b = ctx.b
-    _, c, grad = prologue(ctx, param, grad, 0.0, maximize)
+    like, c, grad = prologue(ctx, param, grad, 0.0, maximize)
     agreement = b.op("Sign", b.op("Mul", grad, state["prev"]))
     flipped = b.op("Less", agreement, c(0.0))
     factor = b.op("Where", b.op("Greater", agreement, c(0.0)), c(etas[1]), b.op("Where", flipped, c(etas[0]), c(1.0)))
