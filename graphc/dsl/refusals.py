@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from graphc.errors import CaptureError
 
 _PICKLE = ("graphc never pickles; a module's weights are arrays by PyTorch's keys: "
            "safetensors.numpy.save_file(model.state_dict(), 'model.safetensors') and "
