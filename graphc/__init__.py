@@ -58,13 +58,12 @@ _OPS = (
 ).split()
 _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 
-# torch-named functions (issue 12): graphc.dsl.ops_array's and the functional layers of graphc.dsl.ops_layers
+# torch-named functions (issue 12): graphc.dsl.ops_array's
 _ARRAY_OPS = (
     "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
     "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos cat "
     "permute flip roll logsumexp var std"
 ).split()
-_LAYER_OPS = "interpolate scaled_dot_product_attention".split()
 _MATH_OPS = ("square reciprocal neg sign floor ceil round trunc frac logaddexp logical_not logical_and logical_or "
              "logical_xor isnan isinf isfinite nan_to_num prod amax amin any all norm").split()
 _VIEW_OPS = ("unflatten movedim narrow select t expand_as diff sort argsort outer addmm baddbmm index_add index_copy "
@@ -144,7 +143,8 @@ _EITHER_OPS = ("zeros ones zeros_like exp abs sum mean matmul einsum real imag c
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops", op) for op in _OPS},
     **{op: ("graphc.dsl.ops_array", op) for op in _ARRAY_OPS},
-    **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
+    "interpolate": ("graphc.dsl.ops_layers", "interpolate"),
+    "scaled_dot_product_attention": ("graphc.dsl.ops_attention", "scaled_dot_product_attention"),
     **{op: ("graphc.dsl.ops_fold", op) for op in ("unfold", "fold")},
     **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
     "no_grad": ("graphc.dsl.builder", "no_grad"),

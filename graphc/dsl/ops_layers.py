@@ -1,12 +1,10 @@
-# Over 500 lines: the layer functionals (conv, pool, adaptive pool, norm) share their helpers here.
 """The functional forms of the ``gc.nn`` layers beyond ``ops_nn`` (``torch.nn.functional`` names
 and signatures): 1-D/3-D and transposed convolutions, 1-D and adaptive pooling, group/instance/RMS
-norm, the activations, ``pixel_shuffle``, ``interpolate`` and ``scaled_dot_product_attention``.
+norm, the activations, ``pixel_shuffle`` and ``interpolate`` (attention: ``ops_attention``).
 Each is standard ONNX ops; ops newer than the capture's opset are written out in older ones."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -14,13 +12,13 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
-from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, dim_read, emit, lift, matmul, mean, minimum,
-                            reshape, reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, mean, minimum, reshape, reshape_like,
+                            same_dtype, scalar, sigmoid, softmax, sqrt, unary, where)
 from graphc.dsl import activations64
 from graphc.dsl.norms64 import rounds_eps, standardized
 from graphc.dsl.inplace import into, writes_input
-from graphc.dsl.ops import nan_if_any, reduction
-from graphc.dsl.ops_array import chunk, ir_tensor, tril
+from graphc.dsl.ops import nan_if_any
+from graphc.dsl.ops_array import chunk
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.resize_antialias import antialiased, floor_sizes
 from graphc.dsl.tensor import Tensor
@@ -484,64 +482,10 @@ def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
     return None if want is None or want == floor_sizes(x, [float(np.float32(f)) for f in factors]) else want
 
 
-# -- attention --------------------------------------------------------------------------------
-
-
-def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
-    """bool ``[L, S]``, true on and below the diagonal (a query attends to keys up to its own
-    position), for the lengths on ``dim`` of ``query`` and ``key`` (symbolic ones too)."""
-    lengths = [dim_read(t, dim % t.ndim) for t in (query, key)]
-    ones = emit("ConstantOfShape", [concat(lengths)], {"value": ir_tensor(np.ones(1, bool))},
-                out_types=[("bool", [query.shape[dim], key.shape[dim]])])
-    return tril(ones)
-
-
-def _safe_softmax(scores: Tensor) -> Tensor:
-    """Softmax over the last axis, 0 on a row whose every key is masked (all -inf) as torch's
-    attention gives (onnx's Softmax: nan); such a row is softmaxed as zeros, so its gradient is 0."""
-    dead = emit("IsInf", [reduction("ReduceMax", scores, [-1], True)], {"detect_positive": 0})
-    zero = scalar(0.0, scores)
-    return where(dead, zero, softmax(where(dead, zero, scores), -1))
-
-
-@autocast_op()
-@in_float32
-def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                                 training: bool = False) -> Tensor:
-    """``softmax(q k^T * scale + mask) v`` over ``[..., L, E]`` inputs; ``attn_mask`` is bool
-    (true: attend) or added to the scores; ``is_causal`` masks keys after each query. The ONNX
-    ``Attention`` op for 4-D inputs from opset 23, its decomposition before. ``dropout_p`` applies
-    when ``training`` (PyTorch's functional form always drops; a module passes ``self.training``)."""
-    from graphc.dsl.ops_nn import dropout
-
-    query = lift(query)
-    key, value = lift(key, query), lift(value, query)
-    depth = query.shape[-1]
-    if scale is None and not isinstance(depth, int):
-        raise op_error("Attention", [query], "needs a static head size (or scale=)", user_source())
-    scale = 1.0 / math.sqrt(depth) if scale is None else float(scale)
-    if current().opset >= 23 and query.ndim == 4 and not (dropout_p and training):
-        inputs = [query, key, value] + ([lift(attn_mask)] if attn_mask is not None else [])
-        return emit("Attention", inputs, {"is_causal": int(bool(is_causal)), "scale": scale})
-    key_t = transpose(key, list(range(key.ndim - 2)) + [key.ndim - 1, key.ndim - 2])
-    scores = matmul(query * scalar(scale, query), key_t)
-    if is_causal:
-        scores = where(causal_mask(query, key), scores, scalar(-np.inf, scores))
-    if attn_mask is not None:
-        attn_mask = lift(attn_mask)
-        scores = (where(attn_mask, scores, scalar(-np.inf, scores)) if attn_mask.dtype == "bool"
-                  else scores + lift(attn_mask, scores))
-    weights = softmax(scores, -1) if attn_mask is None else _safe_softmax(scores)
-    if dropout_p and training:
-        weights = dropout(weights, dropout_p, training=True)
-    return matmul(weights, value)
-
-
 __all__ = [
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "causal_mask", "celu", "conv1d", "conv3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "celu", "conv1d", "conv3d",
     "conv_transpose1d", "conv_transpose2d", "elu", "glu", "group_norm", "hardshrink", "hardsigmoid", "hardswish",
     "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish", "pixel_shuffle",
-    "prelu", "relu6", "rms_norm", "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softshrink",
+    "prelu", "relu6", "rms_norm", "selu", "silu", "softmin", "softplus", "softshrink",
     "softsign", "tanhshrink", "threshold", "conv_transpose3d", "pool",
 ]

@@ -26,10 +26,10 @@ from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, inde
                                   outer, repeat_interleave, select, sort, t, unflatten)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, conv_transpose3d, elu, glu, group_norm,
-                                   hardshrink, hardsigmoid,
-                                   hardswish, hardtanh, interpolate, leaky_relu, logsigmoid, max_pool1d,
-                                   mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
-                                   silu, softplus, softshrink, softsign, tanhshrink, threshold)
+                                   hardshrink, hardsigmoid, hardswish, hardtanh, interpolate, leaky_relu, logsigmoid,
+                                   max_pool1d, mish, pixel_shuffle, prelu, relu6, rms_norm, selu, silu, softplus,
+                                   softshrink, softsign, tanhshrink, threshold)
+from graphc.dsl.ops_attention import scaled_dot_product_attention
 from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool1d_with_indices,
                                  adaptive_max_pool2d, adaptive_max_pool2d_with_indices, adaptive_max_pool3d,
                                  adaptive_max_pool3d_with_indices, avg_pool3d, local_response_norm, lp_pool1d,

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops_layers import causal_mask
+from graphc.dsl.ops_attention import causal_mask
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
