@@ -46,14 +46,21 @@ def _scale(name: str, norm: str | None, length: int, inverse: bool) -> float:
     return 1.0 / length if (norm == "backward") == inverse else 1.0
 
 
-def _matmul_along(x: Tensor, basis: np.ndarray, axis: int) -> Tensor:
-    """``x`` times ``basis`` ``[size in, size out]`` along ``axis``."""
-    b = ops.constant(basis.astype(x.dtype.numpy))
+def _basis(x: Tensor, basis: np.ndarray, axis: int) -> Tensor:
+    """``basis`` ``[size in, size out]`` as the Constant ``_matmul_along`` multiplies ``x`` by along ``axis``
+    (transposed where ``axis`` is the second to last, which multiplies from the left), in ``x``'s dtype."""
+    if axis == x.ndim - 2:
+        basis = np.ascontiguousarray(basis.T)
+    return ops.constant(basis.astype(x.dtype.numpy))
+
+
+def _matmul_along(x: Tensor, b: Tensor, axis: int) -> Tensor:
+    """``x`` times the basis Constant ``b`` (from ``_basis``) along ``axis``."""
     rank = x.ndim
     if axis == rank - 1:
         return ops.matmul(x, b)
     if axis == rank - 2:
-        return ops.matmul(ops.constant(np.ascontiguousarray(basis.T).astype(x.dtype.numpy)), x)
+        return ops.matmul(b, x)
     perm = [d for d in range(rank) if d != axis] + [axis]
     back = [int(i) for i in np.argsort(perm)]
     return ops.transpose(ops.matmul(ops.transpose(x, perm), b), back)
@@ -73,7 +80,7 @@ def _cropped(basis: np.ndarray, length: int) -> np.ndarray:
 def _c2c(re: Tensor, im: Tensor | None, axis: int, length: int, inverse: bool, scale: float) -> tuple:
     """A complex transform of ``length`` points along ``axis`` (``im`` None: a real input)."""
     angles = _angles(re.shape[axis], length, length, 1.0 if inverse else -1.0)
-    cos, sin = (_cropped(f(angles) * scale, length) for f in (np.cos, np.sin))
+    cos, sin = (_basis(re, _cropped(f(angles) * scale, length), axis) for f in (np.cos, np.sin))
     out_re, out_im = _matmul_along(re, cos, axis), _matmul_along(re, sin, axis)
     if im is None:
         return out_re, out_im
@@ -83,7 +90,8 @@ def _c2c(re: Tensor, im: Tensor | None, axis: int, length: int, inverse: bool, s
 def _r2c(x: Tensor, axis: int, length: int, scale: float) -> tuple:
     """The ``length // 2 + 1`` non-negative frequencies of a real signal's transform along ``axis``."""
     angles = _angles(x.shape[axis], length // 2 + 1, length, -1.0)
-    return tuple(_matmul_along(x, _cropped(f(angles) * scale, length), axis) for f in (np.cos, np.sin))
+    return tuple(_matmul_along(x, _basis(x, _cropped(f(angles) * scale, length), axis), axis)
+                 for f in (np.cos, np.sin))
 
 
 def _c2r(re: Tensor, im: Tensor | None, axis: int, length: int, scale: float) -> Tensor:
@@ -95,8 +103,8 @@ def _c2r(re: Tensor, im: Tensor | None, axis: int, length: int, scale: float) ->
     w = np.zeros((size, 1))
     w[:min(size, half), 0] = weights[:size]
     angles = _angles(size, length, length, 1.0)
-    out = _matmul_along(re, np.cos(angles) * w, axis)
-    return out if im is None else out - _matmul_along(im, np.sin(angles) * w, axis)
+    out = _matmul_along(re, _basis(re, np.cos(angles) * w, axis), axis)
+    return out if im is None else out - _matmul_along(im, _basis(re, np.sin(angles) * w, axis), axis)
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
