@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from graphc.dsl.builder import active, current, made_outside, type_str, user_source
 from graphc.errors import CaptureError
-from graphc.model.dtypes import DType, as_dtype
+from graphc.model.dtypes import DType, as_dtype, type_text
 from graphc.passes.values import static_shape
 
 
@@ -304,7 +304,7 @@ class ComplexTensor:
         return True
 
     def type_str(self) -> str:
-        return f"{self.dtype}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+        return type_text(self.dtype, self.shape)
 
     def __repr__(self) -> str:
         return f"ComplexTensor({self.type_str()})"
