@@ -212,19 +212,21 @@ def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
     z._parts = None
 
 
+def _sizes(size: tuple) -> tuple:
+    return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+
+
 def _rank(z: ComplexTensor) -> int:
     return z.ndim
 
 
 def reshape(z: ComplexTensor, *shape: Any) -> ComplexTensor:
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    return ComplexTensor(pair=ops.reshape(pair(z), (*shape, 2)))
+    return ComplexTensor(pair=ops.reshape(pair(z), (*_sizes(shape), 2)))
 
 
 def permute(z: ComplexTensor, *dims: Any) -> ComplexTensor:
-    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
     n = _rank(z)
-    return ComplexTensor(pair=ops.transpose(pair(z), [d % n for d in dims] + [n]))
+    return ComplexTensor(pair=ops.transpose(pair(z), [d % n for d in _sizes(dims)] + [n]))
 
 
 def transpose(z: ComplexTensor, dim0: int, dim1: int) -> ComplexTensor:
@@ -292,10 +294,6 @@ view_as_real_copy, view_as_complex_copy = view_as_real, view_as_complex
 def _part_dtype(dtype: Any) -> str | None:
     """The parts' dtype of a complex ``dtype``; None for a real (or no) dtype."""
     return None if dtype is None else COMPLEX_PARTS.get(str(as_dtype(dtype)))
-
-
-def _sizes(size: tuple) -> tuple:
-    return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
 
 
 # -- gc.* names that take real or complex Tensors -------------------------------------------------------
