@@ -207,7 +207,7 @@ def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
     """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors."""
     target = pair(z)
     re, im = operand(value)
-    like = ops.lift(0.0, parts(z)[0])
+    like = ops.lift(0.0, target)
     inplace.setitem(target, _pair_index(index), pair(of_parts(ops.lift(re, like), _lifted(im, like))))
     z._parts = None
 
