@@ -263,6 +263,29 @@ def test_arguments_match_torchs(fn):
     _both(fn, {"x": RNG.normal(size=(2, 3)), "w": RNG.normal(size=(3, 4)), "v": RNG.normal(size=(2, 4))})
 
 
+def _lstm_grads(lib, lstm, x):
+    """An LSTM's input gradient and a gradient of it (second order), its output held past the call."""
+    y = lstm(x)[0]
+    (g,) = lib.autograd.grad((y ** 2).sum(), x, create_graph=True)
+    return g, lib.autograd.grad((g ** 2).sum() + (y ** 3).sum(), x)[0], y * 2
+
+
+@pytest.mark.parametrize("steps", [3, 6])  # unrolled (at most 4 steps) and a Scan
+def test_through_an_lstm_of_any_length_matches_torch(steps):
+    """Was an AutodiffError past 4 steps (the Scan's body untyped: "needs the rank of ..."), and at any
+    length a model whose restored LSTM node read no inputs (ort-cpu and the checker refused it)."""
+    lstm = gc.nn.LSTM(3, 4, batch_first=True, dtype="float64").init_parameters(1)
+    tlstm = torch.nn.LSTM(3, 4, batch_first=True).double()
+    tlstm.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in lstm.state_dict().items()})
+    model = gc.capture(lambda x: dict(zip("ghy", _lstm_grads(gc, lstm, x))), x=gc.spec("float64", (2, steps, 3)))
+    check(model)
+    x = RNG.normal(size=(2, steps, 3))
+    want = _lstm_grads(torch, tlstm, torch.tensor(x, requires_grad=True))
+    for backend, out in _run(model, {"x": x}).items():
+        for name, w in zip("ghy", want):
+            np.testing.assert_allclose(out[name], w.detach().numpy(), rtol=1e-11, atol=1e-14, err_msg=backend)
+
+
 # -- errors ------------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from graphc.dsl.vmap import vmap
 from graphc.errors import CaptureError, GraphError, InferenceError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.infer import infer
+from graphc.passes.values import subgraphs
 
 __all__ = ["grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp"]
 
@@ -72,15 +73,15 @@ class _Traced:
         from graphc.passes.autodiff.recurrent import UNROLLED, unroll_recurrent
 
         builder = self.builder
+        before = None if self.copied else [(node, list(node.inputs)) for node in self.nodes]
         graph = ir.Graph([], [], nodes=self.nodes, opset_imports={"": builder.opset}, name="func_transform")
         if any(node.op_type in UNROLLED for node in self.nodes):  # as gc.grad does: no LSTM rule
             unroll_recurrent(ir.Model(graph, ir_version=10))
             kept = {id(n) for n in self.nodes}
             for node in graph:
                 if id(node) not in kept:
-                    self._typed(node)
+                    self._typed_with_bodies(node)
         count = len(graph)
-        before = None if self.copied else [(node, list(node.inputs)) for node in self.nodes]
         seeds: dict[int, tuple[ir.Value, Tensor]] = {}
         for out, ct in zip(self.outputs, cotangents):
             value = out.value.producer().inputs[0] if self.copied else out.value
@@ -144,6 +145,14 @@ class _Traced:
         if any(v.type is None or v.shape is None for v in node.outputs):
             with contextlib.suppress(InferenceError):
                 self._typed(node)
+
+    def _typed_with_bodies(self, node: ir.Node) -> None:
+        """``_typed`` of ``node`` after the nodes of its subgraphs, in order: the Scan of an LSTM of more than
+        ``MAX_UNROLLED_LSTM_STEPS`` steps, whose body's ranks its gradient rule reads."""
+        for body in subgraphs(node):
+            for inner in body:
+                self._typed_with_bodies(inner)
+        self._typed(node)
 
     def _typed(self, node: ir.Node) -> None:
         """Dtypes and shapes of a node the pass made as the DSL infers them (onnx's inference as the
