@@ -98,6 +98,40 @@ def test_without_create_graph_the_penalty_is_detached_as_torchs():
     assert not np.allclose(with_graph["net.0.weight_grad"], without["net.0.weight_grad"])
 
 
+def test_detached_penalty_after_optimize_levels():
+    """Levels 0-2 keep the detached gradient's stop-gradient mark (the same parameter gradients); level 3 drops
+    it, and differentiating that model is refused naming gc.autograd.grad's results among the marks."""
+    model = _wgan("tanh", create_graph=False)
+    feeds = _wgan_feeds()
+    want = gc.Session(gc.grad(model, "loss"), backend="numpy").run(feeds)
+    for level in (0, 1, 2):
+        for backend, out in _run(gc.grad(gc.optimize(model, level=level), "loss"), feeds).items():
+            for name, w in want.items():
+                np.testing.assert_allclose(out[name], w, rtol=1e-12, atol=1e-14, err_msg=f"{level} {backend} {name}")
+    with pytest.raises(gc.GraphError, match=r"dropped 1 stop-gradient mark \(.*gc\.autograd\.grad's and "
+                                            r"gc\.autograd\.functional's results without create_graph=True"):
+        gc.training.generate(gc.optimize(model, level=3), "loss", gc.optim.SGD(0.1))
+
+
+class _Square(gc.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a * a
+
+    @staticmethod
+    def backward(ctx, gy):
+        return 2 * ctx.saved_tensors[0] * gy
+
+
+def test_an_autograd_function_on_the_path_is_refused_naming_gc_autograd_grad():
+    with pytest.raises(gc.GraphError, match=r"gc\.autograd\.grad \(called at .*test_autograd_grad\.py:\d+\): "
+                                            r"gc\.autograd\.Function _Square .* gc\.autograd\.grad, "
+                                            r"gc\.autograd\.functional, gc\.func's transforms and gc\.vmap inside a "
+                                            r"capture cannot use it"):
+        gc.capture(lambda x: gc.autograd.grad(_Square.apply(x * 1).sum(), x)[0], x=gc.spec("float64", (3,)))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_three_trainer_steps_with_the_penalty_match_torch_adam(backend):
     model = _wgan("leaky_relu")
@@ -289,6 +323,10 @@ def test_through_an_lstm_of_any_length_matches_torch(steps):
 # -- errors ------------------------------------------------------------------------------------------
 
 
+def _by_integer(lib, x, k):
+    return lib.autograd.grad((x * k[0, :3].double()).sum(), [x, k])
+
+
 ERRORS = [  # id, fn(lib, x, w), message (torch raises too)
     ("unused_input", lambda L, x, w: L.autograd.grad((x * 2).sum(), [x, w]),
      r"Tensor at index 1 \(float64\[3,4\], 'w'\) appears to not have been used in the graph.*allow_unused=True"),
@@ -302,7 +340,9 @@ ERRORS = [  # id, fn(lib, x, w), message (torch raises too)
      r"got 2 tensors and 1 gradients"),
     ("empty_inputs", lambda L, x, w: L.autograd.grad(x.sum(), []), r"`inputs` argument to `grad\(\)` cannot be empty"),
     ("integer_output", lambda L, x, w: L.autograd.grad(x.sum().long(), x),
-     r"output 0 is int64\[\]; only floating-point Tensors have gradients"),
+     r"output 0 \(int64\[\], '\w+'\) is not floating-point; only floating-point Tensors have gradients"),
+    ("integer_input", lambda L, x, w: _by_integer(L, x, w.long()),
+     r"input 1 \(int64\[3,4\], '\w+'\) is not floating-point"),
 ]
 
 

@@ -101,8 +101,9 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool
     for what, items in (("output", outs), ("input", ins)):
         for k, t in enumerate(items):
             if t.dtype not in FLOAT_DTYPES:
-                raise CaptureError(f"{_API}: {what} {k} is {t.type_str()}; only floating-point Tensors have "
-                                   f"gradients (torch: it does not require grad) (at {source})")
+                raise CaptureError(f"{_API}: {what} {k} ({t.type_str()}, {t.name!r}) is not floating-point; only "
+                                   f"floating-point Tensors have gradients (torch: it does not require grad) "
+                                   f"(at {source})")
     seeds = _seeds(outs, grad_outputs, is_grads_batched, source)
     traced = traced_between(_API, outs, ins, source)
     if is_grads_batched:

@@ -46,7 +46,8 @@ def refuse_dropped(model: ir.Model) -> None:
              for where in dropped["functions"]]
     if count := dropped["stop_gradients"]:
         parts.append(f"{count} stop-gradient mark{'s' * (count != 1)} (gc.detach, gc.no_grad reads, frozen "
-                     "parameters' reads, a gc.autograd.Function's arguments: gradients would flow through them)")
+                     "parameters' reads, a gc.autograd.Function's arguments, gc.autograd.grad's and "
+                     "gc.autograd.functional's results without create_graph=True: gradients would flow through them)")
     raise AutodiffError(f"this model cannot be differentiated: gc.optimize at level 3 (inference only) dropped "
                         f"{' and '.join(parts)}; differentiate or train the captured model, or one from "
                         "gc.optimize(model, level=2)")
@@ -83,8 +84,8 @@ class Region:
             raise AutodiffError(
                 f"{self.where} lies on the path to the loss, but its backward {self.record['function']!r} is not "
                 "in this graph's model: gc.grad, gc.training.generate and the Trainer take it from the captured "
-                "model (gc.optimize at level 3 and the training artifacts drop it; gc.func's transforms and "
-                "gc.vmap cannot use it)")
+                "model (gc.optimize at level 3 and the training artifacts drop it; gc.autograd.grad, "
+                "gc.autograd.functional, gc.func's transforms and gc.vmap inside a capture cannot use it)")
         index = json.loads(marker.metadata_props[AUTOGRAD_KEY])["output"]
         if dy is not None:
             self.dys[index] = dy
