@@ -98,6 +98,55 @@ def test_without_create_graph_the_penalty_is_detached_as_torchs():
     assert not np.allclose(with_graph["net.0.weight_grad"], without["net.0.weight_grad"])
 
 
+def _row_penalty(lib, net, real, fake, eps):
+    """Each row's gradient norm plus a critic term: a per-row prediction, so micro-batches weigh by rows."""
+    x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+    g = lib.autograd.grad(net(x_hat).sum(), x_hat, create_graph=True)[0]
+    return g.norm(2, dim=1) + net(fake)[:, 0] * 0.3
+
+
+class RowPenalty(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = _critic(gc.nn, "tanh")
+
+    def forward(self, real, fake, eps):
+        return {"gnorm": _row_penalty(gc, self.net, real, fake, eps)}
+
+
+def test_penalty_with_accumulation_clipping_and_resume_matches_torch(tmp_path):
+    """mse(gnorm, 1) (the WGAN-GP penalty) by AdamW with max_grad_norm over 2 micro-batches a step, as torch's
+    loop; a checkpoint resumed on the other backend ends where the straight run does."""
+    model = gc.capture(RowPenalty().double(), **{k: gc.spec("float64", ("N", d)) for k, d in
+                                                 (("real", 3), ("fake", 3), ("eps", 1))})
+    arts = gc.training.generate(model, gc.losses.mse("gnorm", label="one"),
+                                gc.optim.AdamW(1e-2, weight_decay=0.1, max_grad_norm=0.05))
+    batches = [{**_wgan_feeds(6), "one": np.ones(6)} for _ in range(3)]
+    net = _torch_params(_critic(torch.nn, "tanh").double(), model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
+    for b in batches:
+        opt.zero_grad()
+        for rows in (slice(0, 3), slice(3, 6)):
+            g = _row_penalty(torch, net, *(torch.tensor(b[k][rows]) for k in ("real", "fake", "eps")))
+            (((g - 1) ** 2).mean() / 2).backward()
+        assert torch.nn.utils.clip_grad_norm_(net.parameters(), 0.05) > 0.05  # clipped
+        opt.step()
+    for backend in BACKENDS:
+        trainer = gc.Trainer(arts, backend=backend, accumulate=2)
+        for b in batches:
+            trainer.step(b)
+        for name, p in net.named_parameters():
+            np.testing.assert_allclose(trainer.params[f"net.{name}"], p.detach().numpy(), rtol=1e-12, atol=1e-15)
+    stopped = gc.Trainer(arts, backend="numpy", accumulate=2)
+    stopped.step(batches[0])
+    stopped.save_checkpoint(tmp_path / "ck")
+    resumed = gc.Trainer(tmp_path / "ck", backend="ort-cpu", accumulate=2)
+    for b in batches[1:]:
+        resumed.step(b)
+    for name, value in trainer.state_dict().items():
+        np.testing.assert_allclose(resumed.state_dict()[name], value, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
 def test_detached_penalty_after_optimize_levels():
     """Levels 0-2 keep the detached gradient's stop-gradient mark (the same parameter gradients); level 3 drops
     it, and differentiating that model is refused naming gc.autograd.grad's results among the marks."""
