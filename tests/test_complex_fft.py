@@ -99,6 +99,22 @@ def test_complex_arithmetic_matches_torch(name, backend):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_casts_of_real_tensors_to_complex_dtypes_match_torch(backend):
+    """``x.to(complex)``, ``astype``, ``type`` and ``gc.cast``: a complex Tensor of a zero imaginary part, as torch's
+    (an infinite real part keeps a zero imaginary one)."""
+    def fn(m, a, b):
+        z = a.to(m.complex128) + (b * 3).type(m.cdouble)
+        return z * m.complex(b, a) + (a.to(m.complex64).abs() * 2).to(m.complex128)
+
+    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
+    got, want = _run(fn, backend, a=a, b=b), _expected(fn, a=a, b=b)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-7)
+    a[0, 0] = np.inf
+    cast = lambda m, a, b: m.cast(a, m.complex128) if m is gc else a.to(m.complex128)  # noqa: E731
+    np.testing.assert_array_equal(_run(cast, backend, a=a, b=b), _expected(cast, a=a, b=b))
+
+
 def test_writes_into_complex_zeros_match_torch():
     def fn(m, a, b):
         out = m.zeros(3, 4, 5, dtype=m.cdouble)
@@ -247,6 +263,10 @@ def test_stft_return_complex_is_a_complex_tensor():
     (lambda a, b: gc.view_as_real(gc.fft.fft(a, dim=0)), "size of dim 0 must be known"),
     (lambda a, b: gc.view_as_real(gc.fft.rfft2(a, s=(4,))), "s has 1 entries for 2 dims"),
     (lambda a, b: gc.view_as_real(gc.complex(a, b.astype(gc.float32))), "same dtype"),
+    (lambda a, b: a + gc.full((4,), 1.0, dtype=gc.complex128).real, "full makes a complex128"),
+    (lambda a, b: a + gc.ones_like(a, dtype=gc.complex64).real, "ones_like makes a complex64"),
+    (lambda a, b: gc.eye(4, dtype=gc.complex128).abs(), "eye makes a complex128"),
+    (lambda a, b: a + gc.randn(4, dtype=gc.complex128).real, "got complex128 .graphc draws no complex samples"),
 ])
 def test_unsupported_complex_uses_are_capture_errors_naming_the_op(fn, match):
     with pytest.raises(gc.CaptureError, match=match):

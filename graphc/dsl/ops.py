@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.autocast import autocast_op, promoted
-from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
+from graphc.model.dtypes import COMPLEX_PARTS, FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, ComplexTensor, Tensor, complex_refusal, graphc_function, note_views
 from graphc.dsl.builder import Outside, current, made_outside, op_error, user_source
@@ -31,7 +31,16 @@ def constant(array: Any) -> Tensor:
     """A ``Constant`` node holding ``array`` (equal small constants are shared)."""
     builder = current()
     value = builder.constant(array)
-    return Tensor(value, builder.eager_value(value))
+    return _real(Tensor(value, builder.eager_value(value)))
+
+
+def _real(t: Tensor) -> Tensor:
+    """``t``, which must not be of ONNX's complex dtypes: graphc holds a complex value as a ComplexTensor."""
+    if t.dtype in COMPLEX_PARTS:
+        raise CaptureError(f"{graphc_function()} makes a {t.type_str()} Tensor, which graphc does not hold: a complex "
+                           f"value is a gc.ComplexTensor of real parts (gc.complex(real, imag), x.to({t.dtype}), "
+                           f"gc.zeros(..., dtype={t.dtype})) (at {user_source()})")
+    return t
 
 
 def lift(x: Any, like: Tensor | None = None) -> Tensor:
@@ -175,6 +184,8 @@ def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, nu
     values = builder.emit(op, [None if t is None else t.value for t in inputs], attrs, num_outputs,
                           operands=inputs, **kw)
     outs = [Tensor(v, builder.eager_value(v)) for v in values]
+    for out in outs:
+        _real(out)
     if op in VIEW_OPS and inputs[0] is not None:
         steps = builder.consts.get(id(inputs[4].value)) if op == "Slice" and len(inputs) > 4 else 1
         note_views(op, list(inputs), attrs, outs, steps)
@@ -324,8 +335,17 @@ def where(condition: Any, input: Any, other: Any) -> Tensor:
     return emit("Where", [cond, a, b])
 
 
-def cast(x: Tensor, dtype: Any) -> Tensor:
-    """Signature: ai.onnx@21::Cast"""
+def cast(x: Tensor, dtype: Any) -> Tensor | ComplexTensor:
+    """``x`` as ``dtype``; a complex one gives a ComplexTensor, ``x`` cast to its parts' dtype and a zero
+    imaginary part, as torch's ``x.to(torch.complex64)``. Signature: ai.onnx@21::Cast"""
+    part = COMPLEX_PARTS.get(str(as_dtype(dtype)))
+    if part is not None:
+        import onnx_ir as ir
+
+        re = cast(x, part)
+        zeros = emit("ConstantOfShape", [emit("Shape", [re])], {"value": ir.Tensor(np.zeros(1, to_numpy(part)))},
+                     out_types=[(part, re.shape)])
+        return ComplexTensor(parts=(re, zeros))
     return emit("Cast", [lift(x)], {"to": as_dtype(dtype).onnx})
 
 

@@ -26,7 +26,7 @@ from graphc.dsl.ops_random import node_seed
 from graphc.dsl.ops_reshape import broadcast_tensors, squeeze, unsqueeze
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, finfo
+from graphc.model.dtypes import COMPLEX_PARTS, FLOAT_DTYPES, as_dtype, finfo
 
 _DRAWN = ("float32", "float64")  # the dtypes RandomUniform/RandomNormal run in on both backends
 _EXACT_INTS = 2 ** 53  # randint's widest range: a float64 uniform's resolution
@@ -39,7 +39,8 @@ def _fail(fn: str, operands: list, msg: str) -> CaptureError:
 def _float_dtype(fn: str, dtype: Any) -> Any:
     dt = as_dtype(dtype)
     if dt not in FLOAT_DTYPES:
-        raise _fail(fn, [], f"dtype must be a floating point type, got {dt} (torch refuses it too)")
+        why = "graphc draws no complex samples (torch does)" if dt in COMPLEX_PARTS else "torch refuses it too"
+        raise _fail(fn, [], f"dtype must be a floating point type, got {dt} ({why})")
     return dt
 
 

@@ -346,7 +346,7 @@ def complex_refusal(op: str, z: ComplexTensor) -> CaptureError:
 
 
 # modules whose functions wrap the op the user called (torch's keywords, autocast's casts, float32 upcasts)
-_WRAPPERS = ("graphc.dsl.torch_keywords", "graphc.dsl.autocast", "graphc.dsl.upcast")
+_WRAPPERS = ("graphc.dsl.torch_keywords", "graphc.dsl.autocast", "graphc.dsl.upcast", "graphc.dsl.devices")
 
 
 def graphc_function() -> str:
