@@ -315,3 +315,30 @@ def test_float64_sdpa_at_opset_23_matches_torch_with_a_fully_masked_row():
     for backend in ("numpy", "ort-cpu"):
         got = gc.Session(model, backend=backend).run({"q": q, "k": k, "v": v, "m": mask})["output"]
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15, err_msg=backend)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_inputs_give_a_float32_logsumexp_as_torch(dtype):
+    """float16/bfloat16 q, k, v: the output in their dtype within one rounding of torch's, the logsumexp float32
+    (torch's dtype) within float32 rounding (rounded to the narrow dtype it was 8.5e-4 / 4.6e-3 off)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    narrow, tdtype = (np.float16, torch.float16) if dtype == "float16" else (ml_dtypes.bfloat16, torch.bfloat16)
+    q, k, v = (RNG.standard_normal((B, H, n, 8)).astype(narrow) for n in (Q, KV, KV))
+
+    def fn(q, k, v):
+        out, lse = flex_attention(q, k, v, block_mask=create_block_mask(causal, None, None, Q, KV), return_lse=True)
+        return {"out": out, "lse": lse}
+
+    model = gc.capture(fn, q=gc.spec(dtype, q.shape), k=gc.spec(dtype, k.shape), v=gc.spec(dtype, v.shape))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        block = tflex.create_block_mask(causal, None, None, Q, KV, device="cpu")
+        out, lse = tflex.flex_attention(*(torch.from_numpy(a.astype(np.float32)).to(tdtype) for a in (q, k, v)),
+                                        block_mask=block, return_lse=True)
+    ulp = 2.0 ** -10 if dtype == "float16" else 2.0 ** -7
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"q": q, "k": k, "v": v})
+        assert got["out"].dtype == narrow and got["lse"].dtype == np.float32 == lse.numpy().dtype
+        np.testing.assert_allclose(got["lse"], lse.numpy(), rtol=1e-6, atol=1e-6, err_msg=backend)
+        np.testing.assert_allclose(got["out"].astype(np.float64), out.float().numpy(), rtol=ulp, atol=ulp,
+                                   err_msg=backend)

@@ -22,7 +22,7 @@ from graphc.dsl.ops_attention import attend
 from graphc.dsl.ops_elementwise import isneginf
 from graphc.dsl.ops_math import logical_not
 from graphc.dsl.tensor import Tensor
-from graphc.dsl.upcast import in_float32
+from graphc.dsl.upcast import NARROW, narrowed
 from graphc.errors import CaptureError
 
 __all__ = ["BlockMask", "and_masks", "create_block_mask", "create_mask", "flex_attention", "noop_mask", "or_masks"]
@@ -216,7 +216,6 @@ def _check_block_mask(block_mask: Any, shape: list) -> None:
                                             f"{name}={want}; create it for {want} or None")
 
 
-@in_float32
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: _score_mod_signature | None = None,
                    block_mask: BlockMask | None = None, scale: float | None = None, enable_gqa: bool = False,
                    return_lse: bool = False, kernel_options: dict | None = None, *,
@@ -224,12 +223,27 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: _score_
     """``softmax(score_mod(q k^T * scale)`` where ``block_mask``'s mask_mod attends, else -inf``) v`` over
     ``[B, H, L, E]`` inputs (``scale`` None: ``1/sqrt(E)``); with ``return_lse`` also the natural-log
     logsumexp of those scores ``[B, H, Q]``. A query row with no key to attend gives zeros and a -inf
-    logsumexp, as torch's. ``kernel_options`` tune torch's kernel and are dropped."""
+    logsumexp, as torch's. float16 and bfloat16 inputs are computed in float32, the output rounded to
+    their dtype and the logsumexp kept in float32, as torch's. ``kernel_options`` tune torch's kernel
+    and are dropped."""
     if return_aux is not None:
         raise _refuse("flex_attention", "return_aux is not supported; return_lse=True gives the logsumexp")
     query = ops.lift(query)
     key, value = ops.lift(key, query), ops.lift(value, query)
     groups = _groups(query, key, value, enable_gqa)
+    narrow = query.dtype if query.dtype in NARROW else None
+    if narrow is not None:
+        query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
+    out = _flex(query, key, value, score_mod, block_mask, scale, groups, return_lse)
+    if narrow is None:
+        return out
+    return (narrowed(out[0], narrow), out[1]) if return_lse else narrowed(out, narrow)
+
+
+def _flex(query: Tensor, key: Tensor, value: Tensor, score_mod: _score_mod_signature | None,
+          block_mask: BlockMask | None, scale: float | None, groups: int, return_lse: bool
+          ) -> Tensor | tuple[Tensor, Tensor]:
+    """``flex_attention`` on checked inputs of one float dtype."""
     shape = [*query.shape[:3], key.shape[2]]
     if score_mod is None and block_mask is None:
         return attend(query, key, value, scale, groups=groups, return_lse=return_lse, op="flex_attention")
