@@ -357,8 +357,8 @@ __all__ = [*(cls.__name__ for cls in _SPECS), "OptimizerSpec", "from_dict"]
 def __getattr__(name: str):
     # ``gc.optim.lr_scheduler``, as ``torch.optim.lr_scheduler``: the schedulers step a Trainer,
     # so they live with it in graphc.runtime (loaded on first use: specs stay light)
-    if name == "lr_scheduler":
+    if name in ("lr_scheduler", "swa_utils"):  # swa_utils: the averaging spec, SWALR and update_bn
         import importlib
 
-        return importlib.import_module("graphc.runtime.lr_scheduler")
+        return importlib.import_module(f"graphc.runtime.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -202,6 +202,9 @@ class Manifest(BaseModel):
     # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
     loss_scale: Optional[dict] = None
     autocast: Optional[Literal["bfloat16", "float16"]] = None  # generate's option: the low dtype; None: none
+    # weight averaging (generate's ``averaged``, gc.optim.swa_utils.AveragedModel): {"fn", "decay", "use_buffers",
+    # "start", "every", "names": what has an ``averaged.<name>`` copy}; None: none
+    averaging: Optional[dict] = None
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
              consume: bool = False) -> dict[str, np.ndarray]:
@@ -240,13 +243,15 @@ class Manifest(BaseModel):
 
     def _held(self) -> dict[str, list[int]]:
         """{name: order} of each tensor named per param that train_step holds in another order
-        (``orders``): the param and its optimizer state."""
+        (``orders``): the param, its optimizer state and its averaged copy (``averaging``)."""
         from graphc.passes.training.optimizers import state_slots
+        from graphc.passes.training.weight_averaging import PREFIX
 
         dtypes = {e.name: ir.DataType(to_onnx(e.dtype)) for e in self.graphs["train_step"].inputs
                   if e.name in self.orders}
         return {name: order for p, order in self.orders.items()
-                for name in (p, *(f"{p}.{s}" for s in state_slots(self.kept_optimizer(), dtypes[p])))}
+                for name in (p, *(f"{p}.{s}" for s in state_slots(self.kept_optimizer(), dtypes[p])),
+                             *([PREFIX + p] if self.averaging else []))}
 
     def kept_optimizer(self) -> dict:
         """``optimizer`` with Adam's moments in the forms this format's graphs keep them: those of
@@ -569,7 +574,7 @@ def _own_file(directory: Path, name: str, what: str = "") -> Path:
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
              frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
              batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu",
-             loss_scale=None, scheduled: Iterable[str] = (), autocast=None) -> TrainingArtifacts:
+             loss_scale=None, scheduled: Iterable[str] = (), autocast=None, averaged=None) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Which float initializers are params: for an imported model, what the source framework
@@ -634,6 +639,11 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             ops and the loss in float32, the norms in float32 rounded back; the params stay float32
             master weights. eval and inference stay
             the model as given. float16 without ``loss_scale`` warns. None (default): graphs as before.
+        averaged: ``gc.optim.swa_utils.AveragedModel(...)``: train_step also keeps the averaged
+            copy of the params (and buffers) torch's ``update_parameters`` computes after each
+            optimizer step, EMA or SWA, from its ``start`` step every ``every`` steps
+            (``passes/training/weight_averaging.py``); the Trainer's ``averaged=True`` reads it.
+            None (default): graphs as before.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -668,6 +678,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                             fused=fused, recompute=recompute, params=names(params), batchnorm=batchnorm,
                             device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json,
                             autocast=None if low is None else (low, onnx_kinds(device)))
+    averaging = None if averaged is None else _averaging(built, averaged)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -681,9 +692,21 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots[g.name]),
                            weight_decay=g.weight_decay) for g in built.layout],
         orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
-        renormed=built.renormed, autocast=low, probabilities=modes.probability_inputs(model.ir.graph))
+        renormed=built.renormed, autocast=low, probabilities=modes.probability_inputs(model.ir.graph),
+        averaging=averaging)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
+
+
+def _averaging(built, averaged) -> dict:
+    """``averaged`` (an ``AveragedModel``) added to ``built``'s train_step; the manifest's record of it."""
+    from graphc.passes.training import weight_averaging
+    from graphc.runtime.swa_utils import AveragedModel
+
+    if not isinstance(averaged, AveragedModel):
+        raise TypeError(f"averaged must be a gc.optim.swa_utils.AveragedModel, got {type(averaged).__name__}")
+    spec = averaged.spec()
+    return {**spec, "names": weight_averaging.add(built, spec)}
 
 
 def update_model(manifest: Manifest, grad_norm: bool = False) -> Model:

@@ -42,6 +42,7 @@ from graphc.runtime import averaging, metrics as metrics_lib
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
+from graphc.runtime.weight_averaging import refuse_without_train_step
 
 __all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "counting", "micro_batches"]
 
@@ -140,6 +141,7 @@ class AccumulatingTrainer(Trainer):
                              "the gradients and update graphs); leave out one of them")
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard, k)
+        refuse_without_train_step(self.manifest, "accumulate=k (gradients and update graphs)")
         self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
         check_accumulable(m, self.artifacts.gradients.proto, k)
         self._backend = get_backend(backend)

@@ -76,6 +76,7 @@ from graphc.runtime.interrupts import DeferredInterrupt
 from graphc.runtime.labels import check_labels, check_probabilities, class_count, class_labels, int64_labels
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
+from graphc.runtime.weight_averaging import as_model, averaged_names
 
 __all__ = ["History", "Trainer", "TrainingFailed", "TrainingInterrupted"]
 
@@ -531,22 +532,32 @@ class Trainer:
             self._predict = self._backend.prepare(proto, **self._options)
         return self._predict
 
-    def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The model's outputs on ``batch`` (inference mode, current params): only the data
-        inputs are needed; when the batch also holds every label, ``loss`` too."""
+    def predict(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, np.ndarray]:
+        """The model's outputs on ``batch`` (inference mode, current params; ``averaged``: the
+        averaged copy's, ``gc.optim.swa_utils``): only the data inputs are needed; when the batch
+        also holds every label, ``loss`` too."""
         exe = self._eval_exe()
         if not self._label_names() <= set(batch):
             exe, specs, outputs = self._predict_exe(), self._predict_specs, self._predict_outputs
         else:
             specs, outputs = self._eval_specs, self._eval_outputs
         feeds = self._batch_feeds(batch, specs)
-        feeds.update(self._eval_state())
+        feeds.update(self._eval_state(averaged))
         host, _ = exe.run_bound(feeds, outputs)
         return host
 
-    def _eval_state(self) -> dict[str, Any]:
-        """The carried tensors the eval graph reads, in the model's order: the params train_step
-        holds in another order (``manifest.orders``) transposed back on the host, once a step."""
+    def _eval_state(self, averaged: bool = False) -> dict[str, Any]:
+        """The carried tensors the eval graph reads (``averaged``: their averaged copies), in the
+        model's order: the params train_step holds in another order (``manifest.orders``)
+        transposed back on the host, once a step."""
+        if averaged:
+            from graphc.compile.training import to_model_order
+            from graphc.passes.training.weight_averaging import PREFIX
+
+            averaged_names(self.manifest)  # refuses artifacts without
+            feeds = {n: self._state[PREFIX + n] for n in self._eval_carried}
+            return {**feeds, **{n: to_model_order(self._train.to_host(feeds[n]), order)
+                                for n, order in self.manifest.orders.items()}}
         feeds = {n: self._state[n] for n in self._eval_carried}
         if self.manifest.orders:
             if self._in_model_order is None:  # dropped by each step and each new state
@@ -557,8 +568,8 @@ class Trainer:
             feeds.update(self._in_model_order)
         return feeds
 
-    def evaluate(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Loss on ``batch`` (inference mode) and the metrics (``self.metrics``, else the loss
+    def evaluate(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, float]:
+        """Loss on ``batch`` (inference mode; ``averaged``: with the averaged weights) and the metrics (``self.metrics``, else the loss
         kind's defaults: accuracy and top-5 accuracy for a classifier, MSE and MAE for a
         regression; see ``gc.metrics``)."""
         missing = sorted(self._label_names() - set(batch))
@@ -569,14 +580,14 @@ class Trainer:
         refuse_empty(given, "an evaluation")
         check_labels(self.manifest, given, "an evaluation")
         check_probabilities(self.manifest, given, "an evaluation")
-        out = self.predict(batch)
+        out = self.predict(batch, averaged=averaged)
         if self.manifest.loss.get("kind") == "cross_entropy" and class_count(self.manifest, given) is None:
             # a C only the run tells: checked before the loss or a metric is read
             check_labels(self.manifest, given, "an evaluation", classes=np.shape(out[self.manifest.loss["output"]])[1])
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 
-    def evaluate_loader(self, loader) -> dict[str, float]:
-        """``evaluate`` over every batch of ``loader`` (a ``gc.data.DataLoader``, or any iterable of
+    def evaluate_loader(self, loader, *, averaged: bool = False) -> dict[str, float]:
+        """``evaluate`` over every batch of ``loader`` (``averaged``: with the averaged weights) (a ``gc.data.DataLoader``, or any iterable of
         batch dicts: ``graphc.runtime.data.eval_batches``): the loss and metrics of the whole set as
         one batch. Each batch counts by what its mean is over (``graphc.runtime.averaging``):
         its rows, for cross-entropy its labels that are not ``ignore_index`` (with class weights,
@@ -585,7 +596,7 @@ class Trainer:
         add up. A batch whose counted labels weigh 0 in all is evaluated joined to the batch before
         it (the first ones to the one after): its own mean divides by 0, yet its labels count in the
         metrics and, with label smoothing, its smoothing term in the set's weighted sum."""
-        return self._evaluated(loader)[0]
+        return self._evaluated(loader, averaged)[0]
 
     def _epoch_eval(self, loader) -> dict[str, float]:
         """``evaluate_loader(loader)`` as an epoch's record holds it: a summed loss per row (the
@@ -595,7 +606,7 @@ class Trainer:
             result["loss"] /= rows
         return result
 
-    def _evaluated(self, loader) -> tuple[dict[str, float], int]:
+    def _evaluated(self, loader, averaged: bool = False) -> tuple[dict[str, float], int]:
         """``evaluate_loader(loader)`` and the rows of the batches it counted."""
         if isinstance(loader, DataLoader):
             check_batches(loader, "eval loader")
@@ -608,7 +619,7 @@ class Trainer:
 
         def add() -> None:
             nonlocal loss_sum, weight, count
-            result = self.evaluate(group[0][1] if len(group) == 1 else self._joined_batch(group))
+            result = self.evaluate(group[0][1] if len(group) == 1 else self._joined_batch(group), averaged=averaged)
             loss_sum, weight = loss_sum + result.pop("loss") * group_weight, weight + group_weight
             count += group_count
             for key, value in result.items():  # a summed loss's batch of ignored labels only: NaN metrics, counted 0
@@ -1068,7 +1079,7 @@ class Trainer:
         self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
-        """Set the carried hyper-parameter input ``name`` (``lr``, ``momentum``) for the next step."""
+        """Set the carried input ``name`` (``lr``, ``momentum``, an averaged BatchNorm statistic) for the next step."""
         handle = self._state[name]
         if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
             handle.update_inplace(array)
@@ -1226,15 +1237,17 @@ class Trainer:
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None,
                          dtype: Optional[str] = None, keep_io_types: bool = False,
-                         allow_uncalibrated: bool = False) -> Path:
-        """Write the inference model with the trained params folded in, optimized (level 3);
+                         allow_uncalibrated: bool = False, averaged: bool = False) -> Path:
+        """Write the inference model with the trained params (``averaged``: the averaged copy,
+        ``gc.optim.swa_utils``) folded in, optimized (level 3);
         ``dtype`` "float16" or "bfloat16" converts it (``gc.convert_float``; ``keep_io_types``:
         its float32 inputs and outputs stay float32, for clients that send float32). A fake
         quantization whose observer never saw data raises ``UncalibratedError`` unless
         ``allow_uncalibrated``."""
         from graphc.compile.export import inference_model
 
-        return inference_model(self.artifacts, self.state_dict(), opset=opset, dtype=dtype,
+        tensors = as_model(self.manifest, self.state_dict()) if averaged else self.state_dict()
+        return inference_model(self.artifacts, tensors, opset=opset, dtype=dtype,
                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated).save(path)
 
     def __repr__(self) -> str:

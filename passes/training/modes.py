@@ -178,7 +178,7 @@ def own_batchnorm_stats(graph: ir.Graph) -> None:
     for node in list(graph):
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
-        _eps_as_attribute(graph, node)
+        eps_as_attribute(graph, node)
         for index, stat in ((3, "running_mean"), (4, "running_var")):
             value = node.inputs[index] if len(node.inputs) > index else None
             alias = value is not None and value.producer() is not None and value.producer().op_type == "Identity"
@@ -216,7 +216,7 @@ def _stat_name(node: ir.Node, stat: str, taken: set[str], buffers: set[str]) -> 
     return name
 
 
-def _eps_as_attribute(graph: ir.Graph, node: ir.Node) -> None:
+def eps_as_attribute(graph: ir.Graph, node: ir.Node) -> None:
     """``node``'s exact eps (``EPSILON_KEY``) taken off its variance input into its attribute again
     (rounded; the metadata keeps the double), where ``_eps_in_variance`` added it."""
     exact, var = node.metadata_props.get(EPSILON_KEY), node.inputs[4]

@@ -6,6 +6,7 @@ from typing import Any
 
 from graphc.errors import ArtifactsError
 from graphc.passes.training.loss_scaling import state_names
+from graphc.runtime.weight_averaging import refuse_without_train_step
 
 __all__ = ["check_data_parallel"]
 
@@ -14,7 +15,8 @@ def check_data_parallel(manifest: Any, workers: int) -> None:
     """Refuse, saying why, artifacts ``workers`` workers cannot train as one process would: a loss
     that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be combined)
     and a gradients graph from before it output the BatchNorm statistics' updates (they would
-    stay frozen)."""
+    stay frozen), and weight averaging (train_step's)."""
+    refuse_without_train_step(manifest, "data-parallel training (workers=N)")
     loss = manifest.loss
     if loss.get("kind") == "output" and workers > 1:
         raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "

@@ -1,0 +1,66 @@
+"""The Trainer's side of weight averaging (``gc.optim.swa_utils``): which carried tensors hold
+the averaged copy, the copy as the params and buffers the eval graph and export take, and
+``update_bn``'s pass over the data (``recount_batchnorms``)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from graphc.errors import ArtifactsError
+
+__all__ = ["averaged_names", "as_model", "recount_batchnorms", "refuse_without_train_step"]
+
+
+def averaged_names(manifest: Any) -> list[str]:
+    """The params and buffers ``manifest``'s train_step keeps an averaged copy of; an
+    ``ArtifactsError`` for artifacts that average nothing."""
+    if manifest.averaging is None:
+        raise ArtifactsError("these training artifacts keep no averaged weights: generate them with "
+                             "gc.training.generate(..., averaged=gc.optim.swa_utils.AveragedModel(...))")
+    return list(manifest.averaging["names"])
+
+
+def as_model(manifest: Any, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``tensors`` (a ``state_dict()``) with each averaged param and buffer in the model's own name."""
+    from graphc.passes.training.weight_averaging import PREFIX
+
+    return {**tensors, **{n: tensors[PREFIX + n] for n in averaged_names(manifest)}}
+
+
+def refuse_without_train_step(manifest: Any, how: str) -> None:
+    """Weight averaging runs in train_step: a Trainer that steps by other graphs (``how``) refuses it."""
+    if manifest.averaging is not None:
+        raise NotImplementedError(f"weight averaging (generate's averaged=) runs inside train_step, which {how} "
+                                  "does not run; train with a plain gc.Trainer, or generate without averaged=")
+
+
+def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]) -> None:
+    """``update_bn``: the averaged BatchNorm statistics of ``trainer`` set to the cumulative average
+    (torch's ``momentum=None``: ``running = (1 - 1/k)*running + (1/k)*batch`` at batch ``k``, in
+    float64) of each batch's mean and unbiased variance, computed with the averaged weights. No
+    batch: they stay as they were, as torch's (which resets them first)."""
+    import onnx_ir as ir
+
+    from graphc.passes.training.weight_averaging import PREFIX, batch_statistics_graph
+
+    names = averaged_names(trainer.manifest)
+    trainer._eval_exe()
+    labels = trainer._label_names()
+    specs = [s for s in trainer._eval_specs if s.name not in labels]
+    graph = batch_statistics_graph(trainer.artifacts.eval.ir, [n for n in names if n not in trainer.manifest.trainable])
+    outputs = [v.name for v in graph.graph.outputs]
+    inputs = {v.name for v in graph.graph.inputs}
+    exe = trainer._backend.prepare(ir.to_proto(graph), **trainer._options)
+    running: dict[str, np.ndarray] = {}
+    count = 0
+    for batch in batches:
+        feeds = {**trainer._batch_feeds(batch, specs), **trainer._eval_state(averaged=True)}
+        host, _ = exe.run_bound({n: v for n, v in feeds.items() if n in inputs}, outputs)
+        count += 1
+        for out in outputs:
+            stat, value = out.removesuffix(".batch"), np.asarray(host[out], np.float64)
+            running[stat] = value if count == 1 else (1 - 1 / count) * running[stat] + (1 / count) * value
+    for stat, value in running.items():
+        trainer._put_hyper(PREFIX + stat, value.astype(trainer._carried(PREFIX + stat).dtype))
