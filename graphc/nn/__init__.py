@@ -43,6 +43,7 @@ from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, Cro
                             SmoothL1Loss, SoftMarginLoss, TripletMarginLoss, TripletMarginWithDistanceLoss)
 from graphc.nn.loss import CTCLoss, LinearCrossEntropyLoss
 from graphc.dsl.losses_linear import LinearCrossEntropyOptions
+from graphc.nn.buffer import Buffer, DataParallel
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
@@ -64,7 +65,7 @@ from graphc.nn.upsampling import (ChannelShuffle, PixelShuffle, PixelUnshuffle, 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
     "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
-    "MultiheadAttention", "Parameter", "ParameterList",
+    "MultiheadAttention", "Parameter", "ParameterList", "Buffer", "DataParallel",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init", "utils",
     # quantization-aware training
     "FakeQuantize", "MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",

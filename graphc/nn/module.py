@@ -20,6 +20,7 @@ from graphc.dsl.devices import is_device
 from graphc.dsl.seeding import initial_seed
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
+from graphc.nn.buffer import Buffer
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
 from graphc.nn.parameter import Parameter, held_array, read_param
 from graphc.nn.reprs import repr_block
@@ -61,6 +62,8 @@ class Module:
             d["_assign"][name](self, value)
         elif isinstance(value, Parameter):  # onto any name, as torch's
             register(d, "_parameters", name, value, "buffer" if value.buffer else "parameter")
+        elif isinstance(value, Buffer):  # torch 2.x's nn.Buffer: register_buffer by assignment
+            self.register_buffer(name, value.data, value.persistent)
         elif kind == "parameter" and value is not None:
             raise wrong_kind(self, name, kind, value)
         elif isinstance(value, Module):
