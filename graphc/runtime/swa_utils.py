@@ -10,8 +10,9 @@
 torch calls ``update_parameters(model)`` after ``optimizer.step()``; graphc does it inside train_step
 (``passes/training/weight_averaging.py``), the copy held as train_step state (``averaged.<name>``,
 ``averaged.n_averaged``: in ``state_dict()`` and checkpoints). The averaging functions are the four
-torch names; the update runs after steps ``t > start`` with ``(t - start) % every == 0``, torch's
-``if step > swa_start: swa_model.update_parameters(model)``. ``SWALR`` is a
+torch names; the update runs after train_step calls ``t > start`` with ``(t - start) % every == 0``
+(a step loss scaling skipped counts, as in torch's loop), torch's ``if step > swa_start:
+swa_model.update_parameters(model)``. ``SWALR`` is a
 ``gc.optim.lr_scheduler`` scheduler; ``update_bn(loader, trainer)`` recomputes the averaged copy's
 BatchNorm statistics.
 """

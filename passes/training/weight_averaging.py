@@ -4,8 +4,10 @@ after each optimizer step, as graph state.
 ``add(built, spec)`` gives train_step, for each trainable param and each buffer the eval graph
 reads (BatchNorm statistics, written buffers), an input ``averaged.<name>`` (its initial value a
 copy of the model's, as torch's ``deepcopy``) and the output ``averaged.<name>.next`` that feeds
-it, plus the int64 count ``averaged.n_averaged``. At step ``t`` (``step + 1``) the copies are
-updated when ``t > start`` and ``(t - start) % every == 0``: the first update copies the new
+it, plus the int64 count ``averaged.n_averaged``. At call ``t`` (``step + 1``, plus with loss
+scaling the skipped steps: torch's loop calls ``update_parameters`` after a skipped
+``scaler.step`` too) the copies are updated when ``t > start`` and ``(t - start) % every == 0``
+(a skipped step's with the params as they were): the first update copies the new
 params, the next ones apply the spec's formula to the new params (``<p>.next``), as torch's,
 whose names the spec's ``fn`` takes:
 
@@ -31,6 +33,7 @@ from graphc.errors import PassError
 from graphc.passes.emit import Emitter
 from graphc.passes.training.artifacts import STEP, Built, Output
 from graphc.passes.training.graph_outputs import by_name, expose, input_with_default
+from graphc.passes.training.loss_scaling import SKIPPED
 from graphc.passes.values import onnx_opset
 
 PREFIX = "averaged."
@@ -59,14 +62,14 @@ def add(built: Built, spec: Mapping) -> list[str]:
                         f"{taken or [COUNT]}; rename that module")
     b = Emitter(graph, onnx_opset(graph, 0), "averaging")
     count = input_with_default(graph, COUNT, np.array(0, np.int64))
-    t = b.op("Add", by_name(graph, STEP), b.const(1, np.int64))
+    t = b.op("Add", _calls(b, graph, inputs), b.const(1, np.int64))
     after = b.op("Sub", t, b.const(int(spec["start"]), np.int64))
     due = b.op("And", b.op("Greater", after, b.const(0, np.int64)),
                b.op("Equal", b.op("Mod", after, b.const(int(spec["every"]), np.int64)), b.const(0, np.int64)))
     first = b.op("Equal", count, b.const(0, np.int64))
     added = []
     for name in names:
-        old = input_with_default(graph, PREFIX + name, np.array(built.state[name], copy=True))
+        old = input_with_default(graph, PREFIX + name, _held(built, name))
         new = by_name(graph, f"{name}.next")
         averaged = _formula(b, spec, old, new, count) if inputs[name] == "param" or spec["use_buffers"] else new
         value = b.op("Where", due, b.op("Where", first, new, averaged) if averaged is not new else new, old)
@@ -80,6 +83,21 @@ def add(built: Built, spec: Mapping) -> list[str]:
     outputs.update({o.name: "state" for o in added})
     built.feeds.update({o.name: o.feeds for o in added})
     return names
+
+
+def _calls(b: Emitter, graph: ir.Graph, inputs: Mapping[str, str]) -> ir.Value:
+    """train_step's calls before this one, torch's loop iterations: the optimizer steps taken
+    (``step``), plus, with loss scaling, the steps it skipped (which ``step`` does not count)."""
+    step = by_name(graph, STEP)
+    if SKIPPED not in inputs:
+        return step
+    return b.op("Add", step, by_name(graph, SKIPPED))
+
+
+def _held(built: Built, name: str) -> np.ndarray:
+    """The copy's initial value as train_step holds ``name`` (in its ``built.orders``, if any)."""
+    value = built.state[name]
+    return np.ascontiguousarray(value.transpose(built.orders[name]) if name in built.orders else value)
 
 
 def _formula(b: Emitter, spec: Mapping, avg: ir.Value, new: ir.Value, count: ir.Value) -> ir.Value:
