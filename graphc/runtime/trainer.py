@@ -1079,7 +1079,12 @@ class Trainer:
         self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
-        """Set the carried input ``name`` (``lr``, ``momentum``, an averaged BatchNorm statistic) for the next step."""
+        """Set the hyper-parameter ``name`` (``lr``, ``momentum``) for the next step."""
+        self._put_carried(name, array)
+
+    def _put_carried(self, name: str, array: np.ndarray) -> None:
+        """Replace the carried tensor ``name`` (a hyper-parameter, ``update_bn``'s averaged
+        statistics) with ``array``, on the device."""
         handle = self._state[name]
         if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
             handle.update_inplace(array)

@@ -63,4 +63,4 @@ def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]
             stat, value = out.removesuffix(".batch"), np.asarray(host[out], np.float64)
             running[stat] = value if count == 1 else (1 - 1 / count) * running[stat] + (1 / count) * value
     for stat, value in running.items():
-        trainer._put_hyper(PREFIX + stat, value.astype(trainer._carried(PREFIX + stat).dtype))
+        trainer._put_carried(PREFIX + stat, value.astype(trainer._carried(PREFIX + stat).dtype))
