@@ -141,7 +141,8 @@ class AccumulatingTrainer(Trainer):
                              "the gradients and update graphs); leave out one of them")
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard, k)
-        refuse_without_train_step(self.manifest, "accumulate=k (gradients and update graphs)")
+        refuse_without_train_step(self.manifest, f"accumulate={k} (gradients and update graphs)",
+                                  f"step a plain gc.Trainer (no accumulate=) on batches {k} times larger")
         self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
         check_accumulable(m, self.artifacts.gradients.proto, k)
         self._backend = get_backend(backend)

@@ -29,11 +29,12 @@ def as_model(manifest: Any, tensors: Mapping[str, np.ndarray]) -> dict[str, np.n
     return {**tensors, **{n: tensors[PREFIX + n] for n in averaged_names(manifest)}}
 
 
-def refuse_without_train_step(manifest: Any, how: str) -> None:
-    """Weight averaging runs in train_step: a Trainer that steps by other graphs (``how``) refuses it."""
+def refuse_without_train_step(manifest: Any, how: str, instead: str) -> None:
+    """Weight averaging runs in train_step: a Trainer that steps by other graphs (``how``) refuses
+    it, naming the way out (``instead``)."""
     if manifest.averaging is not None:
         raise NotImplementedError(f"weight averaging (generate's averaged=) runs inside train_step, which {how} "
-                                  "does not run; train with a plain gc.Trainer, or generate without averaged=")
+                                  f"does not run; {instead}, or generate without averaged=")
 
 
 def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]) -> None:

@@ -16,7 +16,8 @@ def check_data_parallel(manifest: Any, workers: int) -> None:
     that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be combined)
     and a gradients graph from before it output the BatchNorm statistics' updates (they would
     stay frozen), and weight averaging (train_step's)."""
-    refuse_without_train_step(manifest, "data-parallel training (workers=N)")
+    refuse_without_train_step(manifest, f"data-parallel training (workers={workers})",
+                              "train in one process (gc.Trainer without workers=)")
     loss = manifest.loss
     if loss.get("kind") == "output" and workers > 1:
         raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
