@@ -261,6 +261,8 @@ def test_stft_return_complex_is_a_complex_tensor():
     (lambda a, b: gc.view_as_real(gc.fft.rfft(gc.complex(a, b))), "rfft expects a real input"),
     (lambda a, b: gc.view_as_real(gc.fft.fft(a, norm="half")), "norm must be one of"),
     (lambda a, b: gc.view_as_real(gc.fft.fft(a, dim=0)), "size of dim 0 must be known"),
+    (lambda a, b: gc.fft.fftshift(a), r"fft.fftshift: the size of dim 0 must be known .* got 'N'"),
+    (lambda a, b: gc.fft.ifftshift(gc.complex(a, b), dim=(1, -2)).real, r"fft.ifftshift: the size of dim 0 must be"),
     (lambda a, b: gc.view_as_real(gc.fft.rfft2(a, s=(4,))), "s has 1 entries for 2 dims"),
     (lambda a, b: gc.view_as_real(gc.complex(a, b.astype(gc.float32))), "same dtype"),
     (lambda a, b: a + gc.full((4,), 1.0, dtype=gc.complex128).real, "full makes a complex128"),

@@ -275,6 +275,10 @@ def _shift(name: str, input: Any, dim: Any, sign: int) -> Any:  # noqa: A002
         if not -rank <= d < rank:
             raise CaptureError(f"gc.fft.{name}: dim {d} out of range for a Tensor of rank {rank} (at {user_source()})")
     dims = [d % rank for d in dims]
+    for d in dims:
+        if not isinstance(held.shape[d], int):
+            raise CaptureError(f"gc.fft.{name}: the size of dim {d} must be known at capture (it rolls by half of "
+                               f"it), got {held.shape[d]!r}; pass dim= the static dims (at {user_source()})")
     shifts = [sign * (held.shape[d] // 2) for d in dims]
     rolled = ops_array.roll(held, shifts, dims) if dims else held
     return ComplexTensor(pair=rolled) if isinstance(input, ComplexTensor) else rolled
