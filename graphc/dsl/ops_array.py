@@ -129,6 +129,12 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
     ai.onnx@11::Range"""
     if end is None:
         start, end = 0, start
+    counted = isinstance(end, str) and not isinstance(start, (Tensor, str)) and start == 0 and step == 1
+    return _range(start, end, step, dtype, str(end) if counted else None)
+
+
+def _range(start: Any, end: Any, step: Any, dtype: Any, length: str | None) -> Tensor:
+    """``arange``'s values; a Range's output of ``length`` (a dim name) where one is known."""
     args = (start, end, step)
     if dtype is None:
         floats = any(isinstance(a, float) or (isinstance(a, Tensor) and a.dtype.startswith("float")) for a in args)
@@ -139,18 +145,18 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
     parts = [run_time_int(a, f"arange's {k}", "Range") if isinstance(a, str) else a
              for k, a in zip(("start", "end", "step"), args)]
     parts = [lift(a).astype(dt) if isinstance(a, Tensor) else constant(np.asarray(a, dt.numpy)) for a in parts]
-    counted = isinstance(end, str) and not isinstance(start, (Tensor, str)) and start == 0 and step == 1
     return emit("Range", [reshape(p, []) if p.ndim else p for p in parts],
-                out_types=[(dt, [str(end)])] if counted else None)
+                out_types=[(dt, [length])] if length is not None else None)
 
 
 # -- shapes -----------------------------------------------------------------------------------
 
 
 def dim_positions(x: Tensor, dim: int) -> Tensor:
-    """``0 .. size - 1`` along dim ``dim`` (non-negative) of ``x``, int64: a constant when it is static."""
+    """``0 .. size - 1`` along dim ``dim`` (non-negative) of ``x``, int64: a constant when it is static, else
+    read at run time, its length ``x``'s dim name (the batch's ``N`` stays ``N`` through indexing by it)."""
     size = x.shape[dim]
-    return arange(size if isinstance(size, int) else dim_length(x, dim))
+    return arange(size) if isinstance(size, int) else _range(0, dim_length(x, dim), 1, None, size)
 
 
 def static_dim(x: Tensor, dim: int, op: str) -> int:
