@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
+from graphc.passes.training.row_positions import Fact, plain, positions
 from graphc.passes.training.row_shapes import SHAPES, BodyShapes
 from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
 from graphc.passes.values import SYNC_BATCHNORM_KEY, needed_values
@@ -34,7 +35,8 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     one rule per op type): elementwise ops, moves (Transpose, Reshape where the shapes show rows
     stay whole), indexing beside it, Concat along it of rows, Conv and pools over N keep it;
     a reduction, product, Softmax, CumSum, TopK, normalisation or sort over it, a Slice or Gather
-    along it, rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does what the
+    along it (but for an index that is each row's own position, ``x[gc.arange(N), labels]``:
+    ``row_positions``), rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does what the
     analysis cannot follow: an op type with no rule, a computed axis, a reshape of unknown shapes.
     If, Loop and Scan are followed into their subgraphs with the same rules (``row_subgraphs``);
     a node inside one that mixes is reported itself, its message saying where it sits; a
@@ -70,7 +72,7 @@ class _Found:
     passes: dict[tuple, list[Rows | None]]
 
 
-def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequence[ir.Value], where: tuple[str, ...],
+def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact], outputs: Sequence[ir.Value], where: tuple[str, ...],
           found: _Found) -> list[Rows | None]:
     """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
     Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
@@ -80,10 +82,16 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequen
         wanted = [v in needed for v in node.outputs]
         if not any(wanted):
             continue
-        ins = [rows.get(v) if v is not None else None for v in node.inputs]
+        facts = [rows.get(v) if v is not None else None for v in node.inputs]
         reads = subgraph_reads.get(node)
-        if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED or (
-                not any(ins) and not any(v in rows for v in reads or ())):
+        if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED:
+            continue
+        outs = positions(node, facts)
+        if outs is not None:
+            rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
+            continue
+        ins = [plain(f) for f in facts]
+        if not any(ins) and not any(plain(rows.get(v)) for v in reads or ()):
             continue
         try:
             if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
@@ -97,10 +105,10 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequen
             found.nodes.setdefault(node, Mixing(node, f"{mixes}{inside}"))
             continue
         rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
-    return [rows.get(v) for v in outputs]
+    return [plain(rows.get(v)) for v in outputs]
 
 
-def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], reads: Sequence[ir.Value], where: tuple[str, ...],
+def _body(node: ir.Node, rows: Mapping[ir.Value, Fact], reads: Sequence[ir.Value], where: tuple[str, ...],
           found: _Found) -> Body:
     """One pass of a subgraph of ``node``, its inputs bound, on a layer of its own over ``rows``
     (``reads``: the values ``node``'s subgraphs read), or the outputs' Rows of an earlier pass from the same

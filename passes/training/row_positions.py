@@ -1,0 +1,241 @@
+"""Indices that are each row's own position, for the ``row_mixing`` analysis: a ``Range(0, n, 1)`` whose
+``n`` is a batch axis' length, read from a value's shape at run time, is ``0 .. n-1`` on every worker's
+shard as on the whole batch, so indexing a batch axis of that length by it (``x[gc.arange(N), labels]``,
+flex_attention's document mask ``ids[b, q_idx]``) keeps each row its own. ``POSITIONS`` maps an op type
+to a rule that takes a node and its inputs' facts (``Rows``, ``Dims``, ``Own`` or None) and returns its
+outputs' facts, or None where it does not apply (the ``row_axes`` rules then see ``plain`` facts). A
+position shifted, permuted or computed (``(b + 1) % N``, a flip) is no fact here: indexing rows by it
+mixes, as before."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.passes.training.row_axes import RULES, Mixes, Rows, constant, int_attr, norm_axis, rank_of
+from graphc.passes.training.row_shapes import shape_of
+
+__all__ = ["POSITIONS", "Dims", "Own", "plain", "positions"]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """An integer vector (or one element) whose element ``at`` is the length of a batch axis, ``length``
+    (the dim's name in the model's shapes): a ``Shape`` of a value by rows, sliced or gathered."""
+
+    at: int
+    length: str | int
+
+
+@dataclass(frozen=True)
+class Own:
+    """Each row's own position: the value's slice ``i`` along ``axis`` (of ``length``) holds ``i``, the
+    same along any other axis. Indexing a batch axis of the same ``length`` by it picks each slice where
+    it stands, on a shard as on the batch. With ``parts``, an index tuple as GatherND reads it (its last
+    axis stacks one index per data axis): ``parts[k]`` whether index ``k`` is the position; ``rows``: the
+    Rows the others carry (a label's), which the ``row_axes`` rules see."""
+
+    axis: int
+    length: str | int
+    parts: tuple[bool, ...] | None = None
+    rows: Rows | None = None
+
+
+Fact = Rows | Dims | Own | None
+Rule = Callable[[ir.Node, Sequence[Fact]], "list[Fact] | None"]
+POSITIONS: dict[str, Rule] = {}
+INTS = {int(t) for t in (ir.DataType.INT32, ir.DataType.INT64)}  # a Cast keeps a count or a position as these
+
+
+def plain(fact: Fact) -> Rows | None:
+    """The Rows a fact means to the ``row_axes`` rules: a position or a count holds no row's values."""
+    return fact.rows if isinstance(fact, Own) else fact if isinstance(fact, Rows) else None
+
+
+def positions(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """``node``'s outputs' facts where a rule here follows it, else None."""
+    fn = POSITIONS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return None if fn is None else fn(node, facts)
+
+
+def _rule(*op_types: str):
+    def register(fn: Rule) -> Rule:
+        POSITIONS.update(dict.fromkeys(op_types, fn))
+        return fn
+    return register
+
+
+def _ints(value: ir.Value | None) -> np.ndarray | None:
+    array = constant(value) if value is not None else None
+    return None if array is None else np.asarray(array).astype(np.int64).reshape(-1)
+
+
+def _one_element(value: ir.Value) -> bool:
+    shape = shape_of(value)
+    return shape is not None and all(d == 1 for d in shape)
+
+
+def _own(fact: Fact) -> Own | None:
+    return fact if isinstance(fact, Own) and fact.parts is None else None
+
+
+# -- the row count -----------------------------------------------------------------------------------
+@_rule("Shape")
+def _shape(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    r, shape = facts[0], shape_of(node.inputs[0])
+    if not isinstance(r, Rows) or r.copies != 1 or shape is None or not _named(shape[r.axis]):
+        return None
+    start, end = (min(max(a + len(shape) if a < 0 else a, 0), len(shape))
+                  for a in (int_attr(node, "start", 0), int_attr(node, "end", len(shape))))
+    return [Dims(r.axis - start, shape[r.axis])] if start <= r.axis < end else None
+
+
+def _named(length) -> bool:
+    """A length known by its name or size (not a name shape inference made up for an unknown one)."""
+    return isinstance(length, int) or isinstance(length, str) and not length.startswith("unk__")
+
+
+@_rule("Slice")
+def _slice(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    d = facts[0]
+    starts, ends = _ints(node.inputs[1]), _ints(node.inputs[2])
+    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.zeros(1, np.int64)
+    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(1, np.int64)
+    if (not isinstance(d, Dims) or rank_of(node.inputs[0]) != 1 or any(a is None for a in (starts, ends, axes, steps))
+            or len(starts) != 1 or axes[0] not in (0, -1) or steps[0] != 1):
+        return None
+    return [Dims(d.at - int(starts[0]), d.length)] if 0 <= starts[0] <= d.at < ends[0] else None
+
+
+@_rule("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Cast", "Identity", "Expand")
+def _move(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """A count kept as one element; a position moved by an Unsqueeze, a Reshape that only adds or drops
+    dims of 1, an Expand (of its other axes: along its own, its length is the count already)."""
+    fact = facts[0]
+    if node.op_type == "Cast" and node.attributes.get_int("to", 0) not in INTS:
+        return None
+    if isinstance(fact, Dims):
+        keeps = node.op_type in ("Cast", "Identity") or node.op_type != "Expand" and fact.at == 0 and \
+            _one_element(node.inputs[0]) and _one_element(node.outputs[0])
+        return [fact] if keeps else None
+    own = _own(fact)
+    if own is None or any(plain(f) is not None for f in facts[1:]):
+        return None
+    if node.op_type in ("Cast", "Identity"):
+        return [own]
+    if node.op_type in ("Unsqueeze", "Expand"):
+        try:
+            moved = RULES[node.op_type](node, [Rows(own.axis), *[None] * (len(facts) - 1)])[0]
+        except Mixes:  # axes or ranks not known
+            return None
+        return [Own(moved.axis, own.length)]
+    if node.op_type == "Reshape":
+        return _reshaped(own, shape_of(node.inputs[0]), shape_of(node.outputs[0]))
+    return None
+
+
+def _reshaped(own: Own, before: Sequence | None, after: Sequence | None) -> list[Fact] | None:
+    """The position's axis after a reshape that only adds or drops dims of 1 around it."""
+    if before is None or after is None or before[own.axis] in (1, None):
+        return None
+    if any(d != 1 for i, d in enumerate(before) if i != own.axis):
+        return None
+    kept = [j for j, d in enumerate(after) if d != 1]
+    return [Own(kept[0], own.length)] if len(kept) == 1 and after[kept[0]] == before[own.axis] else None
+
+
+@_rule("Range")
+def _range(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    start, limit, delta = node.inputs[:3]
+    fact = facts[1]
+    if not isinstance(fact, Dims) or fact.at != 0 or not _one_element(limit):
+        return None
+    first, step = _ints(start), _ints(delta)
+    counts = first is not None and step is not None and first[0] == 0 and step[0] == 1
+    return [Own(0, fact.length)] if counts else None
+
+
+# -- positions as indices ------------------------------------------------------------------------------
+def _zero(value: ir.Value | None) -> bool:
+    """Whether ``value`` is all zeros: a constant, or of an integer type a product with zeros or a sum
+    of zeros (the DSL broadcasts index tensors by adding ``other * 0``)."""
+    if value is None:
+        return False
+    array = constant(value)
+    if array is not None:
+        return not np.any(array)
+    node = value.producer()
+    if node is None or value.dtype is None or not value.dtype.is_integer():
+        return False
+    if node.op_type == "Mul":
+        return any(_zero(v) for v in node.inputs)
+    return node.op_type in ("Add", "Sub") and all(_zero(v) for v in node.inputs)
+
+
+@_rule("Add", "Sub")
+def _add(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """A position plus zeros (broadcast along other axes) is the position."""
+    at = next((i for i, f in enumerate(facts) if _own(f) is not None), None)
+    if at is None or (node.op_type == "Sub" and at != 0) or not _zero(node.inputs[1 - at]):
+        return None
+    out_rank, rank = rank_of(node.outputs[0]), rank_of(node.inputs[at])
+    if out_rank is None or rank is None:
+        return None
+    return [Own(facts[at].axis + out_rank - rank, facts[at].length)]
+
+
+@_rule("Concat")
+def _concat(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """Indices stacked along a last axis of 1 into GatherND's tuples: one position, the others by the
+    same rows (a label's) or by none."""
+    rank = rank_of(node.outputs[0])
+    owns = {f for f in facts if isinstance(f, Own)}
+    if rank is None or len(owns) != 1 or norm_axis(int_attr(node, "axis", 0), rank) != rank - 1:
+        return None
+    own = owns.pop()
+    rows = {plain(f) for f in facts} - {None}
+    if own.parts is not None or own.axis >= rank - 1 or rows - {Rows(own.axis)} or \
+            any((shape_of(v) or [None])[-1] != 1 for v in node.inputs):
+        return None
+    return [Own(own.axis, own.length, tuple(isinstance(f, Own) for f in facts), rows.pop() if rows else None)]
+
+
+@_rule("GatherND")
+def _gather_nd(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """Data whose batch axis the tuples index by each row's own position: the output's rows are the
+    tuples' axis."""
+    data, idx = facts[0], facts[1]
+    if not isinstance(idx, Own) or not isinstance(data, Rows) or data.copies != 1:
+        return None
+    parts, shape = idx.parts, shape_of(node.inputs[1])
+    if parts is None and shape and shape[-1] == 1 and idx.axis < len(shape) - 1:
+        parts = (True,)
+    k = data.axis - int_attr(node, "batch_dims", 0)
+    if parts is None or not 0 <= k < len(parts) or not parts[k] or not _spans(node.inputs[0], data, idx):
+        return None
+    return [Rows(idx.axis)]
+
+
+def _spans(value: ir.Value, data: Rows, own: Own) -> bool:
+    """Whether the positions ``own`` run over the whole of ``value``'s batch axis (the same length)."""
+    shape = shape_of(value)
+    return shape is not None and shape[data.axis] == own.length
+
+
+@_rule("Gather")
+def _gather(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """A count's element picked from a shape; data's batch axis picked by each row's position."""
+    data, idx = facts[0], facts[1]
+    if isinstance(data, Dims) and int_attr(node, "axis", 0) == 0 and rank_of(node.inputs[0]) == 1:
+        index = constant(node.inputs[1])
+        hits = [] if index is None else np.flatnonzero(np.asarray(index).reshape(-1) == data.at)
+        return [Dims(int(hits[0]), data.length)] if len(hits) and np.ndim(index) <= 1 else None
+    own, rank = _own(idx), rank_of(node.inputs[0])
+    if own is None or not isinstance(data, Rows) or data.copies != 1 or rank is None:
+        return None
+    if norm_axis(int_attr(node, "axis", 0), rank) != data.axis or not _spans(node.inputs[0], data, own):
+        return None
+    return [Rows(data.axis + own.axis)]
