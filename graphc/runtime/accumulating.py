@@ -260,7 +260,7 @@ class AccumulatingTrainer(Trainer):
         for out in self._update_outputs:
             state[out[: -len(".next")]] = device[out]
         self._step_outputs = host
-        self._in_model_order = None
+        self._in_model_order = {}
         self.step_count += 1
 
     def _add_metrics(self, host: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray], examples: int) -> None:

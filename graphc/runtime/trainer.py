@@ -375,7 +375,7 @@ class Trainer:
         self._state = {n: self._train.to_device(np.asarray(packed.pop(n)), owned=n not in given)
                        for n in self._entries}
         self._spare: dict[str, Any] = {}  # last step's inputs: where the next step writes
-        self._in_model_order: Optional[dict[str, np.ndarray]] = None  # see _eval_state
+        self._in_model_order: dict[bool, dict[str, np.ndarray]] = {}  # see _eval_state; by averaged
 
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
@@ -417,7 +417,7 @@ class Trainer:
                 if out not in self._in_place:
                     spare[out] = state[name]
                 state[name] = device[out]
-            self._spare, self._in_model_order = spare, None
+            self._spare, self._in_model_order = spare, {}
             self.step_count += 1
             return float(host["loss"])
 
@@ -550,22 +550,20 @@ class Trainer:
         """The carried tensors the eval graph reads (``averaged``: their averaged copies), in the
         model's order: the params train_step holds in another order (``manifest.orders``)
         transposed back on the host, once a step."""
+        prefix = ""
         if averaged:
-            from graphc.compile.training import to_model_order
             from graphc.passes.training.weight_averaging import PREFIX
 
             averaged_names(self.manifest)  # refuses artifacts without
-            feeds = {n: self._state[PREFIX + n] for n in self._eval_carried}
-            return {**feeds, **{n: to_model_order(self._train.to_host(feeds[n]), order)
-                                for n, order in self.manifest.orders.items()}}
-        feeds = {n: self._state[n] for n in self._eval_carried}
+            prefix = PREFIX
+        feeds = {n: self._state[prefix + n] for n in self._eval_carried}
         if self.manifest.orders:
-            if self._in_model_order is None:  # dropped by each step and each new state
+            if averaged not in self._in_model_order:  # dropped by each step and each new state
                 from graphc.compile.training import to_model_order
 
-                self._in_model_order = {n: to_model_order(self._train.to_host(feeds[n]), order)
-                                        for n, order in self.manifest.orders.items()}
-            feeds.update(self._in_model_order)
+                self._in_model_order[averaged] = {n: to_model_order(self._train.to_host(feeds[n]), order)
+                                                  for n, order in self.manifest.orders.items()}
+            feeds.update(self._in_model_order[averaged])
         return feeds
 
     def evaluate(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, float]:
