@@ -56,8 +56,9 @@ def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]
     exe = trainer._backend.prepare(ir.to_proto(graph), **trainer._options)
     running: dict[str, np.ndarray] = {}
     count = 0
+    state = trainer._eval_state(averaged=True)  # nothing below changes it before the last batch
     for batch in batches:
-        feeds = {**trainer._batch_feeds(batch, specs), **trainer._eval_state(averaged=True)}
+        feeds = {**trainer._batch_feeds(batch, specs), **state}
         host, _ = exe.run_bound({n: v for n, v in feeds.items() if n in inputs}, outputs)
         count += 1
         for out in outputs:
