@@ -340,12 +340,10 @@ def cast(x: Tensor, dtype: Any) -> Tensor | ComplexTensor:
     imaginary part, as torch's ``x.to(torch.complex64)``. Signature: ai.onnx@21::Cast"""
     part = COMPLEX_PARTS.get(str(as_dtype(dtype)))
     if part is not None:
-        import onnx_ir as ir
+        from graphc.dsl.ops_array import zeros_like  # ops_array imports this module
 
         re = cast(x, part)
-        zeros = emit("ConstantOfShape", [emit("Shape", [re])], {"value": ir.Tensor(np.zeros(1, to_numpy(part)))},
-                     out_types=[(part, re.shape)])
-        return ComplexTensor(parts=(re, zeros))
+        return ComplexTensor(parts=(re, zeros_like(re)))
     return emit("Cast", [lift(x)], {"to": as_dtype(dtype).onnx})
 
 
