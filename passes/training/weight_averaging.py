@@ -67,10 +67,10 @@ def add(built: Built, spec: Mapping) -> list[str]:
     due = b.op("And", b.op("Greater", after, b.const(0, np.int64)),
                b.op("Equal", b.op("Mod", after, b.const(int(spec["every"]), np.int64)), b.const(0, np.int64)))
     first = b.op("Equal", count, b.const(0, np.int64))
-    added = []
+    added, outs = [], {v.name: v for v in graph.outputs}  # by_name scans every node: once, not once a name
     for name in names:
         old = input_with_default(graph, PREFIX + name, _held(built, name))
-        new = by_name(graph, f"{name}.next")
+        new = outs[f"{name}.next"] if f"{name}.next" in outs else by_name(graph, f"{name}.next")
         averaged = _formula(b, spec, old, new, count) if inputs[name] == "param" or spec["use_buffers"] else new
         value = b.op("Where", due, b.op("Where", first, new, averaged) if averaged is not new else new, old)
         added.append(Output(expose(graph, value, f"{PREFIX}{name}.next", like=old), "state", PREFIX + name))
