@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc as collector
 import importlib.util
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -214,6 +215,28 @@ def test_strings_empty_data_and_data_smaller_than_a_batch_as_a_dataloader(ray):
     assert (empty.num_samples, len(empty), list(empty), empty.arrays) == (0, 0, [], {})
     with pytest.raises(ValueError, match=r"the training loader gives no batch: 0 rows in batches of 6$"):
         gc.Trainer(_arts(), backend="numpy").fit(empty, epochs=1, progress=False)
+
+
+def test_the_loaders_tasks_run_while_workers_hold_every_cpu(ray):
+    """Data-parallel workers may hold all the cluster's CPUs (``workers=N`` of one CPU on N; two of
+    0.5 spread over two 1-CPU nodes: ``test_distributed_multinode.py``). The loader's tasks asked
+    for one CPU each, Ray's default, and the reader waited for ever: here a placement group holds
+    the CPUs the workers would."""
+    data = _data()
+    loader = gc.data.RayDataLoader(_dataset(ray, data), BATCH, seed=2)
+    assert loader.num_samples == ROWS  # the dataset's own execution ran (its map tasks ask for a CPU)
+    held = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+    ray.get(held.ready(), timeout=30)
+    got: dict = {}
+    reader = threading.Thread(target=lambda: got.update(y=loader.column(0, 1, "y")), daemon=True)
+    try:
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive(), "the loader's tasks waited for a CPU"
+    finally:
+        ray.util.remove_placement_group(held)
+        reader.join(30)
+    np.testing.assert_array_equal(got["y"], gc.data.DataLoader(data, BATCH, seed=2).column(0, 1, "y"))
 
 
 @pytest.mark.skipif(os.environ.get("GRAPHC_RAY_DATA_DP_TESTS") != "1",

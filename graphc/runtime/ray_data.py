@@ -59,10 +59,13 @@ def _joined(order: Optional[np.ndarray], columns: Columns, layout: dict[str, Col
 
 @functools.cache
 def _task(fn: Callable) -> Any:
-    """``fn`` as a Ray task (made once a process)."""
+    """``fn`` as a Ray task (made once a process) that asks for no CPU: it moves rows and computes
+    nothing, and data-parallel workers may hold every CPU of the cluster (``workers=N`` of one CPU
+    on N CPUs; of 0.5 spread over 1-CPU nodes), where a task of one CPU (Ray's default) waited for
+    ever, and the reader with it."""
     import ray
 
-    return ray.remote(fn)
+    return ray.remote(num_cpus=0)(fn)
 
 
 class RayDataLoader:
