@@ -75,6 +75,17 @@ def test_spread_workers_on_two_nodes_train_as_one_process(two_nodes, tmp_path, b
     _close(out["params"], out["want_params"])
 
 
+def test_spread_workers_reading_a_dataset_whose_blocks_are_on_both_nodes_train_as_one_process(two_nodes, tmp_path):
+    """A ``RayDataLoader`` of 4 blocks made on the nodes in turn: each worker's tasks pull its rows
+    of every batch from both nodes; the one process reads a ``DataLoader`` over the same rows.
+    8192 rows: a block under 100 KB is kept in its owner's (the driver's) memory, on no node."""
+    out = _drive(two_nodes, tmp_path, backend="numpy", loader="ray", rows=8192, batch=1024)
+    assert out["stored_as_made"] and [len(where) for where in out["block_nodes"]] == [1, 1, 1, 1]
+    assert {where[0] for where in out["block_nodes"]} == set(out["nodes"]) and len(set(out["nodes"])) == 2
+    np.testing.assert_allclose(out["got"], out["want"], rtol=1e-12)
+    _close(out["params"], out["want_params"])
+
+
 def test_a_ray_client_address_trains_as_one_process_and_another_is_refused(two_nodes, tmp_path):
     """``ray://`` (Ray Client) was taken as given once joined: another cluster's address, Ray Client
     or not, ran on the joined one without a word; each access to the workers asked the cluster for
@@ -122,3 +133,20 @@ def test_a_node_lost_that_leaves_too_few_cpus_fails_at_once_saying_why(two_nodes
     kind, message = out["error"]
     assert kind == "TrainingFailed" and out["seconds"] < 10
     assert "lost, the workers cannot start again: 2 worker(s) x cpus=1 need 2 CPU(s); the Ray cluster has 1" in message
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_node_lost_with_accumulate_2_restarts_or_fails_naming_it(two_nodes, tmp_path, max_restarts):
+    """``accumulate=2``: 3 optimizer steps an epoch; node B is killed before step 5, in epoch 2."""
+    out = _drive(two_nodes, tmp_path, kill=two_nodes.nodes["nodeB"].pid, at=4, accumulate=2, backend="numpy",
+                 max_restarts=max_restarts)
+    two_nodes.nodes.pop("nodeB").wait(30)
+    assert out["seconds"] < 10
+    if max_restarts:
+        assert "restarting the 2 workers from step 3 (restart 1 of 1)" in out["warnings"][0]
+        np.testing.assert_allclose(out["got"], out["want"], rtol=1e-12)
+        _close(out["params"], out["want_params"])
+        return
+    kind, message = out["error"]
+    assert kind == "TrainingFailed" and "died during training step 5" in message and ", node " in message
+    assert out["checkpoint_step"] == 3
