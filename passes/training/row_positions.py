@@ -5,7 +5,8 @@ flex_attention's document mask ``ids[b, q_idx]``) keeps each row its own. ``POSI
 to a rule that takes a node and its inputs' facts (``Rows``, ``Dims``, ``Own`` or None) and returns its
 outputs' facts, or None where it does not apply (the ``row_axes`` rules then see ``plain`` facts). A
 position shifted, permuted or computed (``(b + 1) % N``, a flip) is no fact here: indexing rows by it
-mixes, as before."""
+mixes, as before, and ``row_counts`` reports a position or a count read as a value. A shape's other
+elements (``x.shape[1]``) and a position times zeros are no fact either."""
 
 from __future__ import annotations
 
@@ -88,9 +89,15 @@ def _shape(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     r, shape = facts[0], shape_of(node.inputs[0])
     if not isinstance(r, Rows) or r.copies != 1 or shape is None or not _named(shape[r.axis]):
         return None
-    start, end = (min(max(a + len(shape) if a < 0 else a, 0), len(shape))
-                  for a in (int_attr(node, "start", 0), int_attr(node, "end", len(shape))))
+    start, end = _span(node, len(shape))
     return [Dims(r.axis - start, shape[r.axis])] if start <= r.axis < end else None
+
+
+def _span(node: ir.Node, rank: int) -> tuple[int, int]:
+    """The axes ``[start, end)`` a Shape node of a value of ``rank`` axes reads."""
+    start, end = (min(max(a + rank if a < 0 else a, 0), rank)
+                  for a in (int_attr(node, "start", 0), int_attr(node, "end", rank)))
+    return start, end
 
 
 def _named(length) -> bool:
@@ -100,14 +107,38 @@ def _named(length) -> bool:
 
 @_rule("Slice")
 def _slice(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
-    d = facts[0]
-    starts, ends = _ints(node.inputs[1]), _ints(node.inputs[2])
-    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.zeros(1, np.int64)
-    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(1, np.int64)
-    if (not isinstance(d, Dims) or rank_of(node.inputs[0]) != 1 or any(a is None for a in (starts, ends, axes, steps))
-            or len(starts) != 1 or axes[0] not in (0, -1) or steps[0] != 1):
+    d, given = facts[0], [*node.inputs[1:5], None, None][:4]
+    starts, ends, axes, steps = (_ints(v) if v is not None else default
+                                 for v, default in zip(given, (None, None, np.zeros(1, np.int64), np.ones(1, np.int64))))
+    if (not isinstance(d, Dims) or rank_of(node.inputs[0]) not in (1, None)
+            or any(a is None for a in (starts, ends, axes, steps)) or len(starts) != 1 or axes[0] not in (0, -1)):
         return None
-    return [Dims(d.at - int(starts[0]), d.length)] if 0 <= starts[0] <= d.at < ends[0] else None
+    return _picked(d, node.inputs[0], lambda kept: kept[int(starts[0]):int(ends[0]):int(steps[0])],
+                   min(starts[0], ends[0], steps[0]) < 0)
+
+
+def _picked(d: Dims, vector: ir.Value, pick: Callable[[np.ndarray], np.ndarray], signed: bool) -> list[Fact] | None:
+    """The fact of the elements ``pick`` takes from the shape vector ``vector`` (of the places it is
+    given): the count where it takes the batch axis' length (its first place there), no fact where it
+    takes only other lengths. Where ``vector``'s length is unknown, picks that count from its start (not
+    ``signed``) take its first ``d.at + 1`` places alike."""
+    size = _length(vector)
+    if size is None and signed:
+        return None
+    hits = np.flatnonzero(np.asarray(pick(np.arange(d.at + 1 if size is None else size))).reshape(-1) == d.at)
+    return [Dims(int(hits[0]), d.length) if len(hits) else None]
+
+
+def _length(vector: ir.Value) -> int | None:
+    """A shape vector's length: its own shape's, or its Shape node's input's rank."""
+    shape, node = shape_of(vector), vector.producer()
+    if shape is not None:
+        return shape[0] if len(shape) == 1 and isinstance(shape[0], int) else None
+    rank = rank_of(node.inputs[0]) if node is not None and node.op_type == "Shape" else None
+    if rank is None:
+        return None
+    start, end = _span(node, rank)
+    return max(end - start, 0)
 
 
 @_rule("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Cast", "Identity", "Expand")
@@ -187,6 +218,12 @@ def _add(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     return [Own(facts[at].axis + out_rank - rank, facts[at].length)]
 
 
+@_rule("Mul")
+def _times_zero(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """A position or a count times zeros (the other index's broadcast term) is zeros: no fact."""
+    return [None] if _zero(node.outputs[0]) and not any(plain(f) for f in facts) else None
+
+
 @_rule("Concat")
 def _concat(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """Indices stacked along a last axis of 1 into GatherND's tuples: one position, the others by the
@@ -229,10 +266,13 @@ def _spans(value: ir.Value, data: Rows, own: Own) -> bool:
 def _gather(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """A count's element picked from a shape; data's batch axis picked by each row's position."""
     data, idx = facts[0], facts[1]
-    if isinstance(data, Dims) and int_attr(node, "axis", 0) == 0 and rank_of(node.inputs[0]) == 1:
+    if isinstance(data, Dims) and int_attr(node, "axis", 0) == 0 and rank_of(node.inputs[0]) in (1, None):
         index = constant(node.inputs[1])
-        hits = [] if index is None else np.flatnonzero(np.asarray(index).reshape(-1) == data.at)
-        return [Dims(int(hits[0]), data.length)] if len(hits) and np.ndim(index) <= 1 else None
+        if index is None or np.ndim(index) > 1:
+            return None
+        index = np.asarray(index, np.int64)
+        return _picked(data, node.inputs[0], lambda places: np.where(index < 0, index + len(places), index),
+                       bool(np.any(index < 0)))
     own, rank = _own(idx), rank_of(node.inputs[0])
     if own is None or not isinstance(data, Rows) or data.copies != 1 or rank is None:
         return None
