@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
+from graphc.passes.training.row_counts import Counted, bare, counted, reaching
 from graphc.passes.training.row_positions import Fact, plain, positions
 from graphc.passes.training.row_shapes import SHAPES, BodyShapes
 from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
@@ -36,7 +37,9 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     stay whole), indexing beside it, Concat along it of rows, Conv and pools over N keep it;
     a reduction, product, Softmax, CumSum, TopK, normalisation or sort over it, a Slice or Gather
     along it (but for an index that is each row's own position, ``x[gc.arange(N), labels]``:
-    ``row_positions``), rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does what the
+    ``row_positions``), rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does such a
+    position, or the batch's size, read as a value on its way to an analysed output (``row_counts``: each worker
+    counts its own shard; the node that first reads it is reported). So does what the
     analysis cannot follow: an op type with no rule, a computed axis, a reshape of unknown shapes.
     If, Loop and Scan are followed into their subgraphs with the same rules (``row_subgraphs``);
     a node inside one that mixes is reported itself, its message saying where it sits; a
@@ -72,8 +75,8 @@ class _Found:
     passes: dict[tuple, list[Rows | None]]
 
 
-def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact], outputs: Sequence[ir.Value], where: tuple[str, ...],
-          found: _Found) -> list[Rows | None]:
+def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact | Counted], outputs: Sequence[ir.Value],
+          where: tuple[str, ...], found: _Found) -> list[Rows | None]:
     """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
     Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
     Rows. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
@@ -86,29 +89,42 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact], outputs: Sequen
         reads = subgraph_reads.get(node)
         if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED:
             continue
-        outs = positions(node, facts)
-        if outs is not None:
-            rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
-            continue
-        ins = [plain(f) for f in facts]
-        if not any(ins) and not any(plain(rows.get(v)) for v in reads or ()):
-            continue
-        try:
-            if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
-                raise Mixes("graphc cannot follow the rows through it" + ("" if reads is None else " (a subgraph)"))
-            if reads is not None:
-                outs = SUBGRAPH_RULES[node.op_type](node, ins, wanted, _body(node, rows, reads, where, found))
-            else:
-                outs = RULES[node.op_type](node, ins)
-        except Mixes as mixes:
-            inside = f" (inside {', inside '.join(where)})" if where else ""
-            found.nodes.setdefault(node, Mixing(node, f"{mixes}{inside}"))
-            continue
+        outs = positions(node, [bare(f) for f in facts])
+        count = counted(node, facts, outs is not None, where)
+        if outs is None:
+            try:
+                outs = _rows(node, [plain(bare(f)) for f in facts], wanted, rows, reads, where, found)
+            except Mixes as mixes:
+                found.nodes.setdefault(node, Mixing(node, f"{mixes}{_inside(where)}"))
+                continue
+        if count is not None:
+            outs = [Counted(count.origin, count.what, count.where, plain(f)) for f in outs]
         rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
-    return [plain(rows.get(v)) for v in outputs]
+    for value in outputs:
+        count = reaching(value, rows.get(value), where)
+        if count is not None:
+            found.nodes.setdefault(count.origin, Mixing(count.origin, f"{count.why}{_inside(count.where)}"))
+    return [plain(bare(rows.get(v))) for v in outputs]
 
 
-def _body(node: ir.Node, rows: Mapping[ir.Value, Fact], reads: Sequence[ir.Value], where: tuple[str, ...],
+def _inside(where: tuple[str, ...]) -> str:
+    return f" (inside {', inside '.join(where)})" if where else ""
+
+
+def _rows(node: ir.Node, ins: list[Rows | None], wanted: list[bool], rows: Mapping[ir.Value, Fact | Counted],
+          reads: Sequence[ir.Value] | None, where: tuple[str, ...], found: _Found) -> list[Rows | None]:
+    """``node``'s outputs' Rows by the ``row_axes`` rules (``ins``: its inputs'), its subgraphs walked
+    where it reads rows, a size or a position; raises ``Mixes``."""
+    if not any(ins) and not any(rows.get(v) is not None for v in reads or ()):
+        return [None] * len(node.outputs)
+    if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
+        raise Mixes("graphc cannot follow the rows through it" + ("" if reads is None else " (a subgraph)"))
+    if reads is not None:
+        return SUBGRAPH_RULES[node.op_type](node, ins, wanted, _body(node, rows, reads, where, found))
+    return RULES[node.op_type](node, ins)
+
+
+def _body(node: ir.Node, rows: Mapping[ir.Value, Fact | Counted], reads: Sequence[ir.Value], where: tuple[str, ...],
           found: _Found) -> Body:
     """One pass of a subgraph of ``node``, its inputs bound, on a layer of its own over ``rows``
     (``reads``: the values ``node``'s subgraphs read), or the outputs' Rows of an earlier pass from the same
