@@ -65,6 +65,7 @@ from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs
+from graphc.runtime.weight_averaging import averaged_names
 
 __all__ = ["DistributedTrainer"]
 
@@ -362,12 +363,12 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         sums, self._step_metrics = self._step_metrics, None
         return sums
 
-    def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
-        training loss) and the model outputs (the shards' outputs in order); only the outputs
-        when the batch holds no labels. Outputs not by rows (a scalar, say) cannot be joined:
-        with them, rank 0 runs the whole batch. An embedding's max_norm write-backs renormalise the
-        rows every shard looks up (``renorm_rows``), as in ``step``."""
+    def predict(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, np.ndarray]:
+        """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the training loss) and the
+        outputs in shard order (only those without labels; outputs not by rows make rank 0 run the whole batch;
+        max_norm write-backs renormalise every shard's rows, as in ``step``); ``averaged=True`` is refused."""
+        if averaged:
+            averaged_names(self.manifest)
         self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
