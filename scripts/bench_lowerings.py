@@ -18,6 +18,9 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   over axis 2 then 0 (reductions over a contiguous last or first axis) vs a GEMV against ones.
 - ``bn_sums``: a per-channel sum over (N, H, W) of a product (Mul + ReduceSum vs a batched dot
   MatMul vs Einsum) and of a square (vs ReduceSumSquare, GlobalLpPool).
+- ``bn_passes``: a training BatchNorm's passes, each vs one pass fewer: the backward's two sums
+  vs one over a Concat, its dx with dy * k vs k folded away, the forward's mean and variance vs
+  E[x] and E[x^2] in one pass.
 - ``silu``: x * Sigmoid(x) forward + backward, SiLU's whole gradient vs the Mul and Sigmoid rules.
 - ``gelu``: exact GELU as torch.onnx writes it (x * (1 + Erf(x/sqrt 2)) * 0.5) forward +
   backward: its whole gradient from x and 1 + erf, the same recomputing erf, the Mul, Add, Erf
@@ -320,6 +323,52 @@ def bn_sums(args) -> None:
                               ints("cs", [n, c]), h.make_node("Reshape", ["g2", "cs"], ["g3"]), a0,
                               h.make_node("ReduceSum", ["g3", "a0"], ["s"], keepdims=0)]}
         compare(f"sq   N={n} {c}ch {hh}x{hh}", square, {"a": normal(n, c, hh, hh)}, ["s"], args)
+
+
+def split_sum(src: str, out: str, tag: str) -> list:
+    """``src`` [N, C, H, W] summed per channel as ``rules_norm.channel_reduce`` writes it on the CPU:
+    over (H, W), then over N, into ``out`` [C]."""
+    return [ints(f"hw{tag}", [2, 3]), h.make_node("ReduceSum", [src, f"hw{tag}"], [f"r{tag}"], keepdims=0),
+            ints(f"n{tag}", [0]), h.make_node("ReduceSum", [f"r{tag}", f"n{tag}"], [out], keepdims=0)]
+
+
+def bn_passes(args) -> None:
+    """Training BatchNorm's passes over the activations, each part as the rule writes it vs one
+    pass fewer: the backward's sums s1 = sum(dy), s2 = sum(dy * c) (c the centred input) as two
+    reductions vs one over Concat([dy, dy * c]); its dx = dy * k + Conv(c) (the Add fused) vs
+    dy + Conv(c) (k pushed into the next Conv's weights, not timed); the forward's mean and
+    variance as two passes (mean, Sub, Mul, mean) and the normalisation of c vs E[x] and E[x^2]
+    in one pass and the normalisation of x by its mean. Inputs N(0, 1) (E[x^2] - E[x]^2 loses
+    the variance of a large mean in float32: not timed here)."""
+    for n, c, side in [(32, 64, 16), (32, 128, 8), (32, 256, 16), (32, 96, 32), (2, 64, 16), (2, 256, 8)]:
+        full = (n, c, side, side)
+        sums = {"two": [h.make_node("Mul", ["dy", "c"], ["p"])] + split_sum("dy", "s1", "1") + split_sum("p", "s2", "2")
+                + [h.make_node("Concat", ["s1", "s2"], ["s"], axis=0)],
+                "concat": [h.make_node("Mul", ["dy", "c"], ["p"]), h.make_node("Concat", ["dy", "p"], ["q"], axis=1)]
+                + split_sum("q", "s", "")}
+        compare(f"sums N={n} {c}ch {side}x{side}", sums, {"dy": normal(*full), "c": normal(*full)}, ["s"], args)
+        conv = [ints("ws", [c, 1, 1, 1]), h.make_node("Reshape", ["a", "ws"], ["w"]),
+                h.make_node("Conv", ["c", "w", "b"], ["z"], group=c)]
+        dx = {"dy*k+conv": conv + [ints("cs", [c, 1, 1]), h.make_node("Reshape", ["k", "cs"], ["kc"]),
+                                   h.make_node("Mul", ["dy", "kc"], ["q"]), h.make_node("Add", ["q", "z"], ["dx"])],
+              "dy+conv": conv + [h.make_node("Add", ["dy", "z"], ["dx"])]}
+        compare("  dx", dx, {"dy": normal(*full), "c": normal(*full), "a": normal(c), "b": normal(c),
+                             "k": np.ones(c, np.float32)}, ["dx"], args)
+        zeros = const("zeros", np.zeros(c))
+        stats = {"two-pass": split_sum("x", "sx", "1") + [
+                     const("count", n * side * side), h.make_node("Div", ["sx", "count"], ["m"]),
+                     ints("cs", [c, 1, 1]), h.make_node("Reshape", ["m", "cs"], ["mc"]),
+                     h.make_node("Sub", ["x", "mc"], ["xc"]), h.make_node("Mul", ["xc", "xc"], ["sq"])]
+                     + split_sum("sq", "ss", "2") + [
+                     h.make_node("Div", ["ss", "count"], ["v"]), zeros,
+                     h.make_node("BatchNormalization", ["xc", "a", "b", "zeros", "v"], ["y"])],
+                 "one-pass": [h.make_node("Mul", ["x", "x"], ["sq"])] + split_sum("x", "sx", "1")
+                 + split_sum("sq", "ss", "2") + [
+                     const("count", n * side * side), h.make_node("Div", ["sx", "count"], ["m"]),
+                     h.make_node("Div", ["ss", "count"], ["m2"]), h.make_node("Mul", ["m", "m"], ["mm"]),
+                     h.make_node("Sub", ["m2", "mm"], ["v"]),
+                     h.make_node("BatchNormalization", ["x", "a", "b", "m", "v"], ["y"])]}
+        compare("  mean, var, normalise", stats, {"x": normal(*full), "a": normal(c), "b": normal(c)}, ["y"], args)
 
 
 def silu(args) -> None:
@@ -1088,7 +1137,7 @@ def unfold(args) -> None:
         compare(f"{label} {n}x{c}ch {side}² {k}x{k}", models, {"x": x, "w": w}, ["loss", "x_grad"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "bn_passes": bn_passes, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "batch_dw": batch_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,

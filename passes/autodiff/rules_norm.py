@@ -174,7 +174,15 @@ def _batch_norm_training_grads(g, node, dy, axes, scale, bias):
     an Einsum, lost to the Mul and
     ReduceSum (``bench_lowerings.py --only bn_sums``, 2 threads, ms: [32,96,64,64] 18.3 / 52.8
     vs 10.1; [32,144,32,32] 6.5 / 17.8 vs 3.7; [2,96,32,32] 0.58 / 0.67 vs 0.21), and the
-    variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum."""
+    variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum.
+    Not kept either (``bench_lowerings.py --only bn_passes``, 1 thread, ms, this form vs the
+    other): s1 and s2 as one reduction over Concat([dy, dy * (x - mean)]), which writes both
+    again, [32,64,16,16] 0.14 vs 0.21, [32,256,16,16] 5.6 vs 8.5, [32,96,32,32] 12.6 vs 17.2 (as
+    a MatMul against [1, xhat] that stack is written too, and the batched dot above lost); the
+    forward's mean and variance in one pass over x, E[x] and E[x^2] (then x normalised by its
+    mean, no centred input): [32,64,16,16] 0.22 vs 0.16, but the float32 variance of a
+    channel of mean 1000 and std 1 16-55 % off in onnxruntime (two passes: 2.4e-7), and a
+    BatchNorm's gradients 1e-2 to 1e-1 off torch's (``test_batchnorm_reductions``)."""
     x = node.inputs[0]
     _, centred, var, zeros = batch_statistics(g, x, axes, g.device)
     eps = exact_float(node, "epsilon", 1e-5)
