@@ -20,6 +20,7 @@ from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_attrs, static_shape
 from graphc.passes.autodiff.conv_gather import batch_innermost, gather, gathered_conv
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.rules_norm import channel_scaled
 from graphc.passes.autodiff.separable import axis_matrix, contract
 from graphc.passes.autodiff.symbolic_spatial import (average_pool_grad, conv_grads, conv_transpose_weight_grad,
                                                      run_time_window, spatial_of, symbolic_spatial)
@@ -630,6 +631,13 @@ def grad_conv(g, node, dy):
             dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
         return dx, dw, db
     spatial, strides, dilations, begin, end = window(g, node, x, kernel)
+    scaled = channel_scaled(dy)
+    if scaled is not None:  # a BatchNorm's dx, z * factor per output channel: dx by the weight * factor, dW * factor
+        dy, factor = scaled
+        factor = g.op("Reshape", factor, g.ints([-1] + [1] * (len(w_shape) - 1)))
+        if g.wants(x):
+            w = g.mul(w, factor)
+            w.dtype, w.shape = node.inputs[1].dtype, node.inputs[1].shape
     dx = dw = db = None
     if g.wants(x) and group == 1 and all(k == 1 for k in kernel + strides) and not any(begin + end):
         # A 1x1 Conv's dx is a 1x1 Conv by the transposed weight: onnxruntime (CPU, 2 threads)
@@ -658,10 +666,12 @@ def grad_conv(g, node, dy):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
-    if g.wants(w):
+    if g.wants(node.inputs[1]):
         dw = _conv_weight_grad(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
+        dw = dw if scaled is None else g.mul(dw, factor)
     if g.wants(b):
         db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + len(spatial))), keepdims=False)
+        db = db if scaled is None else g.mul(db, g.op("Reshape", factor, g.ints([-1])))
     return dx, dw, db
 
 
