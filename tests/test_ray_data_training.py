@@ -239,6 +239,54 @@ def test_the_loaders_tasks_run_while_workers_hold_every_cpu(ray):
     np.testing.assert_array_equal(got["y"], gc.data.DataLoader(data, BATCH, seed=2).column(0, 1, "y"))
 
 
+def test_a_dataset_run_that_finds_no_cpu_fails_within_the_bound_naming_it(ray):
+    """A dataset's read and map tasks ask for a CPU each: with every CPU held (here by a placement
+    group), its first use waited for ever; bounded (a data-parallel fit bounds it by timeout_s)
+    it fails naming the dataset's run and the likely cause, and runs once the CPUs are free."""
+    from graphc.runtime.ray_waits import waits_at_most
+
+    data = _data()
+    loader = gc.data.RayDataLoader(_dataset(ray, data), BATCH, seed=2)
+    held = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+    ray.get(held.ready(), timeout=30)
+    failed: dict = {}
+
+    def first_use() -> None:
+        with waits_at_most(2.0), pytest.raises(gc.GraphcError) as failed["error"]:
+            loader.num_samples  # noqa: B018 - runs the dataset
+    reader = threading.Thread(target=first_use, daemon=True)
+    try:
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive(), "the dataset's run waited past its bound"
+    finally:
+        ray.util.remove_placement_group(held)
+    message = str(failed["error"].value)
+    assert "the dataset's run" in message and "more than 2 s" in message and "no free CPU" in message, message
+    assert not loader.stored and loader.num_samples == ROWS
+
+
+@pytest.mark.skipif(os.environ.get("GRAPHC_RAY_DATA_DP_TESTS") != "1",
+                    reason="starts Ray workers twice, 12-20 s: set GRAPHC_RAY_DATA_DP_TESTS=1")
+def test_workers_holding_every_cpu_fit_from_a_dataset_never_run_before(ray):
+    """Opt-in. Workers of one CPU each on every CPU: ``fit`` from a loader never used ran the
+    dataset inside it, where its map tasks found no CPU and ``fit`` waited for ever; the trainer
+    now stops its workers to run it first, then goes on as one process would."""
+    data, arts = _data(), _arts()
+    want = gc.Trainer(arts, backend="numpy").fit(gc.data.DataLoader(data, BATCH, seed=4), epochs=1, progress=False)
+    loader = gc.data.RayDataLoader(_dataset(ray, data), BATCH, seed=4)
+    dp = gc.Trainer(arts, backend="numpy", workers=int(ray.cluster_resources()["CPU"]), timeout_s=60)
+    got: dict = {}
+    fitting = threading.Thread(target=lambda: got.update(h=dp.fit(loader, epochs=1, progress=False)), daemon=True)
+    try:
+        fitting.start()
+        fitting.join(45)
+        assert not fitting.is_alive(), "fit waited for the dataset's tasks"
+        np.testing.assert_allclose(got["h"].step_losses, want.step_losses, rtol=1e-12)
+    finally:
+        dp.shutdown()
+
+
 @pytest.mark.skipif(os.environ.get("GRAPHC_RAY_DATA_DP_TESTS") != "1",
                     reason="starts two Ray workers, 6-9 s: set GRAPHC_RAY_DATA_DP_TESTS=1")
 def test_two_workers_reading_their_rows_from_a_dataset_equal_one_process(ray, monkeypatch):

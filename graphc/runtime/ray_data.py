@@ -34,10 +34,13 @@ import numpy as np
 from graphc.model.dtypes import TensorSpec
 from graphc.runtime.data import check_arrays, check_whole
 from graphc.runtime.ray_columns import Column, Columns, arrays, block_layout, checked
+from graphc.runtime import ray_waits
 
 __all__ = ["RayDataLoader"]
 
 AHEAD = 2  # chunks joined ahead of the one being read
+LATE_BLOCK = ("the loader's tasks ask for no CPU, so the object store (spilling to disk, full) or a node holding the "
+              "block (slow, lost) kept the rows from the task")
 
 
 def _split(columns: Columns, layout: dict[str, Column], table: Any,
@@ -111,15 +114,19 @@ class RayDataLoader:
         """Run the dataset once, in order, into blocks in the object store (not here), and check
         its blocks' columns into one dtype and row shape each (``ray_columns``)."""
         if self._blocks is None:
-            import ray
-
             self.dataset.context.execution_options.preserve_order = True
-            refs = self.dataset.to_arrow_refs()
-            layouts = ray.get([_task(block_layout).remote(r) for r in refs])
+            refs = ray_waits.ran(self.dataset.to_arrow_refs, "the dataset's run into the object store (its first use)")
+            layouts = ray_waits.got([_task(block_layout).remote(r) for r in refs],
+                                    f"reading the layout of the dataset's {len(refs)} block(s)", LATE_BLOCK)
             firsts = np.cumsum([0, *(count for count, _ in layouts)], dtype=np.int64)
             self._columns = checked(layouts, firsts)
             self._firsts, self._blocks = firsts, refs
         return self._blocks
+
+    @property
+    def stored(self) -> bool:
+        """Whether the dataset was run into the object store (its first use did)."""
+        return self._blocks is not None
 
     @property
     def num_samples(self) -> int:
@@ -171,8 +178,6 @@ class RayDataLoader:
     def _read(self, rows: np.ndarray, cuts: np.ndarray, columns: Columns) -> Iterator[dict[str, np.ndarray]]:
         """The dataset's ``rows`` (their numbers), in that order: one dict of arrays a chunk, chunk
         ``k`` being ``rows[cuts[k]:cuts[k + 1]]``."""
-        import ray
-
         blocks, chunks = self._store(), len(cuts) - 1
         block = np.searchsorted(self._firsts, rows, side="right") - 1
         offset = rows - self._firsts[block]
@@ -205,7 +210,8 @@ class RayDataLoader:
         for k in range(chunks):
             if k + AHEAD + 1 < chunks:
                 pending.append(join(k + AHEAD + 1))
-            yield ray.get(pending.popleft())
+            yield ray_waits.got(pending.popleft(), f"reading chunk {k} of {chunks} (rows of the stored blocks)",
+                                LATE_BLOCK)
 
     def _stream(self, epoch: int, start: int, lo: int, hi: int, columns: Columns,
                 full_only: bool) -> Iterator[dict[str, np.ndarray]]:

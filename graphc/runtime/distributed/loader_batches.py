@@ -1,15 +1,45 @@
 """What the data-parallel driver iterates in ``fit`` over a ``gc.data.DataLoader`` (or
 ``RayDataLoader``) the workers hold: batch positions with shape stand-ins, not the data (each worker
-reads its own rows)."""
+reads its own rows); and a ``RayDataLoader`` run before the workers hold the CPUs its dataset needs
+(``ray_data_first``)."""
 
 from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
 
 import numpy as np
 
 from graphc.runtime.data import DataLoader
 from graphc.runtime.ray_data import RayDataLoader
+from graphc.runtime.ray_waits import waits_at_most
 
-__all__ = ["LoaderBatch", "ReadOnWorkers", "read_on_workers"]
+__all__ = ["LoaderBatch", "ReadOnWorkers", "read_on_workers", "ray_data_first"]
+
+
+def ray_data_first(fit: Callable) -> Callable:
+    """``DistributedTrainer.fit`` that first runs each ``RayDataLoader`` it is given (``loader``,
+    ``eval_loader``) not yet run, with the workers stopped meanwhile and started again from the
+    same state: the dataset's read and map tasks ask for a CPU each (Ray Data's default), and
+    workers that hold every CPU made them, and ``fit``, wait for ever. Every wait of the driver on
+    a loader's Ray work in ``fit`` is bounded by the trainer's ``timeout_s`` (``ray_waits``)."""
+    @functools.wraps(fit)
+    def storing_first(trainer, *args, **kwargs):
+        given = inspect.signature(fit).bind(trainer, *args, **kwargs).arguments
+        waiting = [d for d in (given["loader"], given.get("eval_loader"))
+                   if isinstance(d, RayDataLoader) and not d.stored]
+        with waits_at_most(trainer.timeout_s):
+            if waiting:
+                tensors = trainer.state_dict()  # the pending update applied
+                trainer.shutdown()
+                try:
+                    for data in waiting:
+                        data.num_samples  # noqa: B018 - runs the dataset into the object store
+                finally:
+                    trainer._start(tensors)
+            return fit(trainer, *args, **kwargs)
+    return storing_first
 
 
 def read_on_workers(loader) -> bool:

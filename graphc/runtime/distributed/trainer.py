@@ -52,7 +52,7 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
 from graphc.runtime.distributed.connection import Connection, DrivesWorkers
 from graphc.runtime.averaging import divisor, examples
-from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers, read_on_workers
+from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers, read_on_workers, ray_data_first
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.placement import actor_options, restartable, worker_names
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
@@ -418,6 +418,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
             self._sync()
 
     # -- fault tolerance ----------------------------------------------------------------------------
+    @ray_data_first
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True, plot=None,
             checkpoint=None, checkpoint_every: Optional[int] = None, quiet: bool = False, log=None, scheduler=None,
             interval: Optional[str] = None) -> History:
