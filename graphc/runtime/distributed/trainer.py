@@ -364,9 +364,8 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         return sums
 
     def predict(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, np.ndarray]:
-        """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the training loss) and the
-        outputs in shard order (only those without labels; outputs not by rows make rank 0 run the whole batch;
-        max_norm write-backs renormalise every shard's rows, as in ``step``); ``averaged=True`` is refused."""
+        """The eval graph on ``batch``, each worker on its shard: the loss (as the training loss's), the outputs in
+        shard order (not by rows: rank 0 runs the whole batch), max_norm rows as in ``step``; no averaged weights."""
         if averaged:
             averaged_names(self.manifest)
         self._sync()
