@@ -468,7 +468,7 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     machine at load 6-12 where 2-thread steps took 3.5x their 1-thread time."""
     import onnx_ir as ir
 
-    from graphc.passes.training import artifacts, flat
+    from graphc.passes.training import flat, update_graphs
 
     numel = sum(int(np.prod(shape)) for buf in arts.manifest.layout for shape in buf.shapes)
     sizes = [flat.CHUNK_ELEMENTS] * (numel // flat.CHUNK_ELEMENTS) + [numel % flat.CHUNK_ELEMENTS] * bool(
@@ -476,7 +476,7 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     params = [ir.Value(name=f"w{i}", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([n]))
               for i, n in enumerate(sizes)]  # each one param of a group of its own
     groups = [flat.Group(f"w{i}.flat", ir.DataType.FLOAT, [f"w{i}"], [(n,)], True) for i, n in enumerate(sizes)]
-    proto = ir.to_proto(artifacts.update_graph(arts.manifest.opset, arts.manifest.optimizer, params, groups))
+    proto = ir.to_proto(update_graphs.update_graph(arts.manifest.opset, arts.manifest.optimizer, params, groups))
     rng = np.random.default_rng(0)
     values = {i.name: rng.random(int(i.type.tensor_type.shape.dim[0].dim_value), dtype=np.float32) * 1e-3
               for i in proto.graph.input if i.name.startswith("w")}  # params, gradients, state

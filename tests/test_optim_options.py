@@ -10,7 +10,7 @@ import onnx_ir as ir
 import pytest
 
 import graphc as gc
-from graphc.passes.training import artifacts, flat, optimizers
+from graphc.passes.training import flat, optimizers, update_graphs
 from test_optim import SHAPE, run_steps, step_both, torch_state, torch_steps
 from trainer_models import straight_and_resumed
 
@@ -65,7 +65,7 @@ def test_mixed_dtypes_in_one_update_match_torch(spec, backend):
     params = [ir.Value(name=f"w{i}", type=ir.TensorType(t), shape=ir.Shape(SHAPE))
               for i, t in enumerate(types.values())]
     groups = [flat.Group(f"params.{i}", t, [f"w{i}"], [SHAPE], True) for i, t in enumerate(types.values())]
-    proto = ir.to_proto(artifacts.update_graph(21, spec.model_dump(), params, groups))
+    proto = ir.to_proto(update_graphs.update_graph(21, spec.model_dump(), params, groups))
     onnx.checker.check_model(proto, full_check=True)
     session = gc.Session(gc.load(proto), backend=backend)
     p0, grads = _grads(5)

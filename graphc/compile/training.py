@@ -58,7 +58,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -709,13 +709,29 @@ def _averaging(built, averaged) -> dict:
     return {**spec, "names": weight_averaging.add(built, spec)}
 
 
-def update_model(manifest: Manifest, grad_norm: bool = False) -> Model:
+def update_model(manifest: Manifest, grad_norm: bool = False, shard: Optional[Collection[str]] = None) -> Model:
     """The optimizer update of ``manifest``'s train_step as a model of its own (see
-    ``passes.training.artifacts.update_graph``), built from the manifest alone: artifacts saved
+    ``passes.training.update_graphs``), built from the manifest alone: artifacts saved
     before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
     of float64 params were saved before their lr became float64). ``grad_norm``: with the spec's
-    ``max_grad_norm``, also output train_step's ``grad_norm`` (the total norm before clipping)."""
-    from graphc.passes.training import artifacts, flat
+    ``max_grad_norm``, also output train_step's ``grad_norm`` (the total norm before clipping).
+    ``shard``: the params of one worker of a sharded update (whole flat buffers): their update alone,
+    given the total norm and found_inf of every shard (``update_graphs.update_graph``'s ``norm_dtype``)."""
+    from graphc.passes.training import update_graphs
+
+    args = update_args(manifest, shard)
+    return Model(update_graphs.update_graph(manifest.opset, args["optimizer"], args["params"], args["groups"],
+                                            args["optimizer"].get("no_decay") or (), args["lr_dtype"],
+                                            manifest.loss_scale, args["gated"], args["flagged"], manifest.sources,
+                                            grad_norm, args["norm_dtype"]))
+
+
+def update_args(manifest: Manifest, shard: Optional[Collection[str]] = None) -> dict[str, Any]:
+    """What ``update_graphs`` builds ``manifest``'s update from: ``params`` (typed values),
+    ``groups`` (flat buffers), the kept ``optimizer``, ``lr_dtype``, the ``gated`` and ``flagged``
+    params, and with a ``shard`` (param names) those of its params alone and the dtype of every
+    gradient's norm, ``norm_dtype`` (None without)."""
+    from graphc.passes.training import artifacts, clipping, flat
     from graphc.passes.training.guarded_params import STEP_SUFFIX, TOUCHED_SUFFIX
 
     manifest = manifest.in_model_order()
@@ -724,14 +740,17 @@ def update_model(manifest: Manifest, grad_norm: bool = False) -> Model:
     groups = [flat.Group(b.name, ir.DataType(to_onnx(b.dtype)), list(b.params), [tuple(s) for s in b.shapes],
                          b.weight_decay)
               for b in manifest.layout]
-    opt = manifest.kept_optimizer()
+    norm = None
+    if shard is not None:
+        norm = clipping.norm_dtype(p.dtype for p in params)
+        params = [p for p in params if p.name in shard]
+        groups = [g for g in groups if g.params[0] in shard]
     inputs = {e.name for e in manifest.graphs["train_step"].inputs}
     lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
     gated = [p.name for p in params if p.name + STEP_SUFFIX in inputs]  # each with its own step count
     flagged = [e.name[: -len(TOUCHED_SUFFIX)] for e in manifest.graphs["gradients"].outputs if e.role == "touched"]
-    return Model(artifacts.update_graph(manifest.opset, opt, params, groups, opt.get("no_decay") or (),
-                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated, flagged,
-                                        manifest.sources, grad_norm))
+    return {"params": params, "groups": groups, "optimizer": manifest.kept_optimizer(),
+            "lr_dtype": ir.DataType(to_onnx(lr.dtype)), "gated": gated, "flagged": flagged, "norm_dtype": norm}
 
 
 def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:

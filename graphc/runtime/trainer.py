@@ -213,6 +213,7 @@ class Trainer:
     def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, accumulate: int = 1,
                 **kwargs: Any):
         from graphc.runtime.accumulating import AccumulatingTrainer, checked_accumulate
+        from graphc.runtime.distributed.connection import DrivesWorkers
 
         accumulate = checked_accumulate(accumulate)
         if cls is Trainer and (workers != 1 or ray_address) or cls.__dict__.get("_routes_accumulate"):
@@ -222,6 +223,9 @@ class Trainer:
             cls = DistributedTrainer if accumulate == 1 else DistributedAccumulatingTrainer
         elif cls is Trainer and accumulate != 1:
             cls = AccumulatingTrainer
+        if kwargs.get("shard_optimizer") and not issubclass(cls, DrivesWorkers):
+            raise ValueError("shard_optimizer=True splits the optimizer update and state between data-parallel "
+                             "workers: it needs workers > 1 (or a ray_address); one process has none to split")
         return super().__new__(cls)
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,

@@ -19,8 +19,8 @@
    Fused (the default), the update runs once over each of a few flat groups of params, with
    the optimizer state as flat buffers (``flat``); else once per param.
 
-``update_graph`` builds the optimizer update alone (params, gradients, state, step and lr in;
-the ``.next`` values out), the same nodes as train_step's: data-parallel workers run
+``update_graphs.update_graph`` builds the optimizer update alone (params, gradients, state, step and
+lr in; the ``.next`` values out), the same nodes as train_step's: data-parallel workers run
 ``gradients`` on their shards and apply it to the averaged gradients.
 
 No DSL here: the caller (``graphc.compile.training``) turns specs into the plain arguments below.
@@ -82,7 +82,7 @@ class Built:
     model_outputs: list[str]
     opset: int
     layout: list[flat.Group]  # the flat param buffers (empty: one update per param), params in the model's order
-    slots: dict[str, tuple[str, ...]]  # each param's and buffer's optimizer state: ``<name>.<slot>`` (``_slots``)
+    slots: dict[str, tuple[str, ...]]  # each param's and buffer's optimizer state: ``<name>.<slot>`` (``slots_of``)
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
     one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
     renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``max_norm``)
@@ -146,11 +146,11 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     held = [replace(g, shapes=[tuple(s[i] for i in orders[p]) if p in orders else s for p, s in zip(g.params, g.shapes)])
             for g in groups]
 
-    slots = _slots(optimizer, {p: gradients.graph.initializers[p] for p in params}, groups)
+    slots = slots_of(optimizer, {p: gradients.graph.initializers[p] for p in params}, groups)
     param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p] for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
-                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
+                    *append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
                                        loss_scale, gated),
                     *(Output(expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
@@ -176,7 +176,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
             broadcasts.rank_scalars(m.graph, opset)
         if device == "cuda" and key != "inference":
             reductions.split_reductions(m.graph, opset)
-        _tidy(m)
+        tidy(m)
     outputs = {"train_step": step_outputs, "gradients": grad_outputs, "eval": eval_outputs,
                "inference": [Output(o, "loss" if o == LOSS else "output") for o in model_outputs]}
     batch = [*data, *([label] if label else [])]
@@ -370,55 +370,24 @@ def _infer_shapes(model: ir.Model) -> None:
     correct_onnx_inference(model.graph, onnx_opset(model, DEFAULT_OPSET))
 
 
-def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
-                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None, loss_scale: dict | None = None,
-                 gated: Sequence[str] = (), flagged: Sequence[str] = (), sources: Mapping[str, str] = {},
-                 grad_norm: bool = False) -> ir.Model:
-    """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed values named
-    as the params), ``<param>_grad`` for each, the optimizer state (per ``groups`` buffer, or per param
-    without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default ``optimizers.lr_dtype`` of the
-    params'); outputs ``<param>.next``, the state's ``.next``, ``step.next`` as train_step's, and with
-    ``grad_norm`` (and ``max_grad_norm``) its ``grad_norm`` (not for replicas: they carry every output).
-    With ``loss_scale`` the gradients are the scaled loss's (``loss_scaling.scaled_gradients``): checked,
-    unscaled and the step skipped as in train_step, the scale's state an input and output too.
-    ``gated``: params train_step steps only when a step reads them, each with its own ``<param>.step`` (not
-    in ``groups``); here those of ``flagged`` step where the bool input ``<param>.touched`` is (the workers'
-    flags ORed), the others every step. ``no_decay``: params by name or source (``Manifest.sources``)."""
-    graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
-    if loss_scale is not None:
-        input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
-    values, grads = {}, {}
-    for p in params:
-        values[p.name] = ir.Value(name=p.name, type=ir.TensorType(p.dtype), shape=p.shape)
-        grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
-        graph.inputs.extend((values[p.name], grads[p.name]))
-    decays = param_selection.decays(list(values), no_decay, sources)
-    slots = _slots(optimizer, {p.name: p for p in params}, groups)
-    outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
-                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
-                                guarded_params.fed_guards(graph, gated, flagged))
-    set_outputs(graph, [o for o in outputs if grad_norm or o.role != GRAD_NORM])
-    broadcasts.rank_scalars(graph, opset)
-    model = ir.Model(graph, ir_version=10)
-    _tidy(model)
-    return model
-
-
-def _slots(optimizer: dict, params: Mapping[str, ir.Value], groups: Sequence[flat.Group]) -> dict[str, tuple[str, ...]]:
+def slots_of(optimizer: dict, params: Mapping[str, ir.Value], groups: Sequence[flat.Group]) -> dict[str, tuple[str, ...]]:
     """Each param's (``params``: name -> its value) and flat group's ``optimizers.state_slots``."""
     return {**{name: optimizers.state_slots(optimizer, p.dtype, len(p.shape)) for name, p in params.items()},
             **{g.name: optimizers.state_slots(optimizer, g.dtype, 1) for g in groups}}
 
 
-def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
-                      loss_scale: dict | None = None, gated: dict | None = None) -> list[Output]:
+def append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
+                      loss_scale: dict | None = None, gated: dict | None = None,
+                      exchanged: Mapping[str, ir.Value] = {}) -> list[Output]:
     """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
     value), per flat buffer of ``groups`` or, with none, per param (``slots``: each one's state
-    slots, ``_slots``); returns the ``.next`` outputs.
+    slots, ``slots_of``); returns the ``.next`` outputs.
     ``loss_scale``: the gradients are the scaled loss's, unscaled here and the step skipped where
     one is not finite (``loss_scaling``; the graph already has the ``loss_scale`` input).
     ``gated``: {param not in ``groups``: its ``guarded_params.guards``}: each counts its own step,
-    and where its guards are not empty is held, state and step, on a step that does not read it."""
+    and where its guards are not empty is held, state and step, on a step that does not read it.
+    ``exchanged``: a sharded update's inputs that stand for every shard's gradients (``update_graphs``):
+    ``found_inf`` (with ``loss_scale``) and the total norm ``grad_norm`` (with ``max_grad_norm``)."""
     b = Emitter(graph, opset, "optim")
     step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
@@ -438,9 +407,9 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     if loss_scale is not None:  # torch's scaler.unscale_, before any clipping
         scaler = loss_scaling.Scaler(b, loss_scale, by_name(graph, loss_scaling.LOSS_SCALE))
         updates = [(name, param, g, decay) for (name, param, _, decay), g in
-                   zip(updates, scaler.unscale([u[2] for u in updates], dtypes))]
+                   zip(updates, scaler.unscale([u[2] for u in updates], dtypes, exchanged.get("found_inf")))]
     # torch's clip_grad_*_ between backward and step, on every gradient at once (if the spec asks)
-    clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates], dtypes)
+    clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates], dtypes, exchanged.get(GRAD_NORM))
     updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
     new_params, state_next, gates = {}, [], guarded_params.Gates(b, scaler.found_inf if scaler else None,
                                                                     running_state(hyper))
@@ -489,7 +458,7 @@ def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType)
     return state
 
 
-def _tidy(model: ir.Model) -> None:
+def tidy(model: ir.Model) -> None:
     model.graph.sort()
     RemoveUnusedNodesPass()(model)
     drop_autograd_functions(model)  # backwards of gc.autograd.Functions: in train_step and gradients now

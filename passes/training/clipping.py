@@ -19,23 +19,25 @@ step can start before every gradient is known (torch's clip_grad_norm_ has the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
 
-__all__ = ["EPS", "clip", "total_norm"]
+__all__ = ["EPS", "clip", "joined_norm", "norm_dtype", "partial_norm", "total_norm"]
 
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: max_norm / (total_norm + 1e-6)
 _WIDTH = {ir.DataType.FLOAT: 0, ir.DataType.DOUBLE: 1}
 
 
-def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value],
-         dtypes: Sequence[ir.DataType]) -> tuple[list[ir.Value], ir.Value | None]:
+def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType],
+         norm: ir.Value | None = None) -> tuple[list[ir.Value], ir.Value | None]:
     """``grads`` (of ``dtypes``: a per-param gradient may be untyped) clipped as the spec ``hyper``
     (JSON) asks (as they are if it asks for none), and the total norm before the norm clipping
-    (None without ``max_grad_norm``)."""
+    (None without ``max_grad_norm``): ``norm`` where given (a sharded update's, ``joined_norm``),
+    else ``grads``'."""
     grads = list(grads)
     value = hyper.get("clip_grad_value")
     if value is not None:
@@ -43,7 +45,8 @@ def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value],
     max_norm = hyper.get("max_grad_norm")
     if max_norm is None:
         return grads, None
-    norm = total_norm(b, grads, dtypes, hyper.get("grad_norm_type", 2.0))
+    if norm is None:
+        norm = total_norm(b, grads, dtypes, hyper.get("grad_norm_type", 2.0))
     coef = b.op("Div", b.const(max_norm, norm.dtype), b.op("Add", norm, b.const(EPS, norm.dtype)))
     one = b.const(1.0, norm.dtype)
     # min(coef, 1) that keeps a NaN (onnxruntime's Min would too, but Where says so): torch.clamp(max=1)
@@ -52,11 +55,22 @@ def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value],
     return [b.op("Mul", g, coefs[dt], dtype=dt) for g, dt in zip(grads, dtypes)], norm
 
 
+def norm_dtype(dtypes: Iterable[ir.DataType]) -> ir.DataType:
+    """The dtype a norm of gradients of ``dtypes`` is taken in: their widest (float16 and bfloat16
+    counted as float32: summed in float32, where a float16 sum of squares passes 65504 at a norm of 256)."""
+    return max((ir.DataType.FLOAT if dt in HALF_DTYPES else dt for dt in dtypes), key=lambda dt: _WIDTH.get(dt, 0))
+
+
 def total_norm(b: Emitter, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType], norm_type) -> ir.Value:
-    """The ``norm_type`` norm of ``grads`` seen as one vector, a scalar of their widest dtype
-    (float16 and bfloat16 counted as float32: summed in float32, where a float16 sum of squares
-    passes 65504 at a norm of 256)."""
-    wide = max((ir.DataType.FLOAT if dt in HALF_DTYPES else dt for dt in dtypes), key=lambda dt: _WIDTH.get(dt, 0))
+    """The ``norm_type`` norm of ``grads`` seen as one vector, a scalar of ``norm_dtype(dtypes)``."""
+    part = partial_norm(b, grads, dtypes, norm_type, norm_dtype(dtypes))
+    return b.op("Sqrt", part) if _rooted(norm_type) else part
+
+
+def partial_norm(b: Emitter, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType], norm_type,
+                 wide: ir.DataType) -> ir.Value:
+    """``grads``' share of a total norm, a scalar of ``wide``: their max of absolute values
+    (``"inf"``), sum of them (1) or sum of squares (2); shares add up (``joined_norm``)."""
     parts = []
     for g, dt in zip(grads, dtypes):
         if dt != wide:
@@ -66,7 +80,20 @@ def total_norm(b: Emitter, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataTy
             parts.append(b.op("Where", b.op("IsNaN", l1), l1, top))
         else:
             parts.append(b.op("ReduceL1" if norm_type == 1.0 else "ReduceSumSquare", g, keepdims=0))
+    if len(parts) == 1:
+        return parts[0]
+    return b.op("Max" if norm_type == "inf" else "Sum", *parts)
+
+
+def joined_norm(parts: Sequence[np.ndarray], norm_type) -> np.ndarray:
+    """The total norm from every shard's ``partial_norm`` (in shard order, in their dtype); a NaN
+    share makes it NaN."""
+    parts = np.stack([np.asarray(p) for p in parts])
     if norm_type == "inf":
-        return b.op("Max", *parts) if len(parts) > 1 else parts[0]
-    summed = b.op("Sum", *parts) if len(parts) > 1 else parts[0]
-    return summed if norm_type == 1.0 else b.op("Sqrt", summed)
+        return np.max(parts)  # NaN wins, as the graph's Where(IsNaN(...))
+    total = np.sum(parts, dtype=parts.dtype)
+    return np.sqrt(total) if _rooted(norm_type) else total
+
+
+def _rooted(norm_type) -> bool:
+    return norm_type not in ("inf", 1.0)

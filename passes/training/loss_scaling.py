@@ -116,8 +116,12 @@ class Scaler:
     scale: ir.Value
     found_inf: ir.Value | None = None
 
-    def unscale(self, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType]) -> list[ir.Value]:
-        grads, self.found_inf = unscale(self.b, self.scale, grads, dtypes)
+    def unscale(self, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType],
+                found_inf: ir.Value | None = None) -> list[ir.Value]:
+        """``grads`` unscaled; ``found_inf``: the bool scalar to skip on (every shard's, ORed, for a
+        sharded update), else it is read off ``grads``."""
+        grads, found = unscale(self.b, self.scale, grads, dtypes, check=found_inf is None)
+        self.found_inf = found if found_inf is None else found_inf
         return grads
 
     def update(self, tracker: ir.Value | None, skipped: ir.Value) -> dict[str, ir.Value]:

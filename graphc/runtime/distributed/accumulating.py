@@ -71,17 +71,19 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
                 message.update(metrics=metrics, micro=(index, len(batches)))
         what = f"training step {self.step_count + 1}"
         with self._interrupts:
-            calls = [[r.step.options(num_returns=2).remote(m) for r, m in zip(self._replicas, messages)]
-                     for messages, _ in plans]
-            sums = [grads for _, grads in calls[-1]]
-            combine = [r.apply.remote(self.step_count + 1, *sums) for r in self._replicas]
+            # the first micro-batch's calls take a sharded update's new params (unsharded, none are pending)
+            calls = [[r.step.options(num_returns=self._returns if index + 1 == len(plans) else 2).remote(
+                m, *([] if index else self._pending)) for r, m in zip(self._replicas, messages)]
+                for index, (messages, _) in enumerate(plans)]
+            pending, combine = self._updates(calls[-1], True)
             try:
-                infos = [self._get([info for info, _ in call], f"{what}, micro-batch {index + 1} of {len(batches)}",
+                infos = [self._get([info for info, *_ in call], f"{what}, micro-batch {index + 1} of {len(batches)}",
                                    bounds) for index, (call, (_, bounds)) in enumerate(zip(calls, plans))]
                 norms = self._get(combine, f"the optimizer update of step {self.step_count + 1}")
             except GraphcError:
-                settle(self._ray, [grads for call in calls for _, grads in call] + combine)
+                settle(self._ray, [grads for call in calls for _, *parts in call for grads in parts] + pending + combine)
                 raise
+            self._pending = pending if self._plan is not None else []
             self.combines += 1
             total = divisor(self.manifest.loss, sum(i["weight"] for part in infos for i in part),
                             "the step's micro-batches")

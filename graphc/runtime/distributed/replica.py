@@ -28,6 +28,7 @@ message names the batch and the rows).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -41,12 +42,13 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
 from graphc.runtime.distributed.local_sums import LocalSums
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
+from graphc.runtime.distributed.replica_shards import ShardedUpdate
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.staged import scales
 from graphc.runtime.trainer import predict_model, without_initializers
 
 
-class Replica:
+class Replica(ShardedUpdate):
     """The graphs of one worker. ``setup``'s ``graphs`` holds serialized ``gradients``, ``update`` and
     ``eval`` models (with an embedding's max_norm, their ``renorm_rows`` graphs too) and the
     manifest's JSON."""
@@ -67,12 +69,15 @@ class Replica:
         from graphc.runtime.staged import StagedRun
 
         self.manifest = m = Manifest.model_validate_json(graphs["manifest"])
+        rank = self.rank
         self._backend = get_backend(backend)
         self._options = dict(options)
         if self._backend.name.startswith("ort"):
             self._options.setdefault("threads", 1)  # one core per worker: the driver packs them
-        self._protos = {k: onnx.load_from_string(v) for k, v in graphs.items() if k != "manifest"}
-        carried = [e for e in m.graphs["train_step"].inputs if e.role in CARRIED_ROLES]
+        self._protos = {k: onnx.load_from_string(v) for k, v in graphs.items() if k not in ("manifest", "shards")
+                        if "/" not in k or k.endswith(f"/{rank}")}
+        others = self._shard_protos(self._protos, json.loads(graphs["shards"]) if "shards" in graphs else None)
+        carried = [e for e in m.graphs["train_step"].inputs if e.role in CARRIED_ROLES and e.name not in others]
         self._carried = {e.name for e in carried}
         self._stats = [e.name for e in m.graphs["gradients"].outputs if e.role == "state"]  # "<stat>.next"
         self._grad_outputs = [e.name for e in m.graphs["gradients"].outputs if e.role in ("loss", "grad")]
@@ -126,9 +131,11 @@ class Replica:
         shard's prediction too, for the metrics the driver computes on the whole batch."""
         self._means, self._whole = means, whole
 
-    def state(self) -> dict[str, np.ndarray]:
-        """Host copies of the carried tensors, named per param."""
-        return self.manifest.unpack({n: np.array(self._update.to_host(h), copy=True) for n, h in self._state.items()})
+    def state(self, packed: bool = False) -> dict[str, np.ndarray]:
+        """Host copies of the carried tensors, named per param (``packed``: as train_step takes them;
+        a sharded update's worker holds its own shard's optimizer state alone, so only so)."""
+        host = {n: np.array(self._update.to_host(h), copy=True) for n, h in self._state.items()}
+        return host if packed else self.manifest.unpack(host)
 
     def _shard(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch, first row, end
@@ -161,10 +168,12 @@ class Replica:
             host, _ = self._grads.run_bound(self._grad_feeds(shard, renorm), self._wanted(message))
             info, grads = self._outputs(host, message, shard, rows)
         if "micro" not in message:
-            return info, grads
+            return (info, *self._parts(grads))
         if grads is not None and grads["stats"]:  # rank 0's statistics, read by its next micro-batch
             self._take_stats(grads["stats"])
-        return info, self._sums.add(grads, *message["micro"])
+        index, count = message["micro"]
+        sums = self._sums.add(grads, index, count)
+        return (info, *self._parts(sums)) if index + 1 == count else (info, sums)
 
     def _started(self, message: Mapping[str, Any], gathered: tuple) -> tuple[dict, int, dict]:
         """A step's start: ``gathered`` holds every worker's ``renorm_rows`` (their number
@@ -225,7 +234,7 @@ class Replica:
         info, grads = self._outputs(host, message, shard, rows)
         if weight == 0:  # its loss is 0 for the batch, but its gradients count (seeded 0)
             grads = {**grads, "grads": host}  # the gradients: what _outputs left
-        return info, {**grads, "scale": shares[me]}
+        return (info, *self._parts({**grads, "scale": shares[me]}))
 
     def _outputs(self, host: dict, message: Mapping[str, Any], shard: Mapping[str, np.ndarray],
                  rows: int) -> tuple[dict, dict]:
@@ -261,9 +270,16 @@ class Replica:
         and neither reads nor writes the statistics. The update that brings the state to ``step``
         is made once: the driver sends it again after a failed call, which this worker may have
         applied before failing. Returns the combined gradient's norm where the update outputs it."""
+        if self._shards is not None:  # sharded: the owners stepped each shard, ``gathered`` holds their params
+            return self.take(gathered)
         if self._applied == step:
             return
         self._applied = step
+        return self._run_update(self._averaged(gathered))
+
+    def _averaged(self, gathered: tuple) -> dict[str, Any]:
+        """The update's feeds: the carried tensors and every worker's gradients (``gathered``: by
+        rank, None for an empty shard) averaged by their weights, after rank 0's statistics are taken."""
         self._take_stats(gathered[0]["stats"])
         done = [g for g in gathered if g is not None and (g["weight"] > 0 or "scale" in g)]  # "scale": staged
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
@@ -271,8 +287,12 @@ class Replica:
         shares = [g.get("scale", g["weight"] / total) for g in done]
         for name in done[0]["grads"]:
             feeds[name] = weighted_sum([g["grads"][name] for g in done], shares)
-        for name in self._touched:  # stepped where any worker read it (an empty shard read nothing)
+        for name in (n for n in self._touched if n in self._update_inputs):  # stepped where any worker read it
             feeds[name] = np.logical_or.reduce([g["touched"][name] for g in gathered if g is not None])
+        return feeds
+
+    def _run_update(self, feeds: Mapping[str, Any]) -> Optional[float]:
+        """Run the update on ``feeds``, its outputs becoming the carried tensors; returns its norm output."""
         host, device = self._update.run_bound(feeds, self._norm, self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:

@@ -42,6 +42,7 @@ dies, the workers are started again, loaded from it, and the run goes on, at mos
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -49,15 +50,16 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.runtime import metrics as metrics_lib
+from graphc.runtime.distributed.batch_messages import BatchMessages
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
 from graphc.runtime.distributed.connection import Connection, DrivesWorkers
 from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers, read_on_workers, ray_data_first
 from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
+from graphc.runtime.distributed.optimizer_shards import ShardPlan
 from graphc.runtime.distributed.placement import actor_options, restartable, worker_names
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
-from graphc.runtime.distributed.shards import bounds_of, joined
 from graphc.runtime.distributed.trainable import check_data_parallel
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
@@ -72,14 +74,15 @@ __all__ = ["DistributedTrainer"]
 STEP_SERIES = ("step_losses", "step_grad_norms")  # History's lists of one value per step
 
 
-class DistributedTrainer(Trainer, DrivesWorkers):
+class DistributedTrainer(BatchMessages, Trainer, DrivesWorkers):
     """``Trainer`` whose steps run on ``workers`` Ray actors (see the module's docstring).
 
     Args beyond ``Trainer``'s: ``workers`` (>= 1), ``ray_address`` (a running cluster; default:
     the one this process joined, else a new local one), ``num_cpus`` / ``num_gpus`` that Ray
     reserves per worker, ``placement`` (which nodes: ``placement.py``), ``max_restarts`` (how many
     times ``fit`` restarts lost workers, on the nodes left),
-    ``timeout_s`` (the longest a step or set-up may take). ``options`` go to each worker's
+    ``timeout_s`` (the longest a step or set-up may take), ``shard_optimizer`` (each worker steps and
+    keeps the optimizer state of its share of the params alone: ``optimizer_shards``). ``options`` go to each worker's
     backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
     """
     _routes_accumulate = True  # made directly with accumulate > 1: Trainer.__new__ makes the accumulating one
@@ -89,7 +92,7 @@ class DistributedTrainer(Trainer, DrivesWorkers):
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
-                 placement: Any = "default", accumulate: int = 1, **options: Any):
+                 placement: Any = "default", accumulate: int = 1, shard_optimizer: bool = False, **options: Any):
         from graphc.compile.training import update_model, worker_gradients_model
 
         if not isinstance(workers, int) or workers < 1:
@@ -103,7 +106,9 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_data_parallel()
         a = self.artifacts
-        graphs = {"gradients": worker_gradients_model(a), "update": update_model(m, grad_norm=True), "eval": a.eval}
+        self._plan = ShardPlan(m, workers) if shard_optimizer else None
+        graphs = {"gradients": worker_gradients_model(a), "eval": a.eval,
+                  **(self._plan.graphs() if self._plan else {"update": update_model(m, grad_norm=True)})}
         graphs.update(worker_graphs(graphs, self.manifest))
         self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
@@ -112,7 +117,8 @@ class DistributedTrainer(Trainer, DrivesWorkers):
                                                   **actor_options(placement))
         self._asks = (num_cpus, num_gpus)
         self._graphs = ray.put({**{k: m.proto.SerializeToString() for k, m in graphs.items()},
-                                "manifest": self.manifest.model_dump_json().encode()})
+                                "manifest": self.manifest.model_dump_json().encode(),
+                                **({"shards": json.dumps(self._plan.layout())} if self._plan else {})})
         self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = role_specs(eval_inputs, BATCH_ROLES)
@@ -193,11 +199,13 @@ class DistributedTrainer(Trainer, DrivesWorkers):
             self._get([r.set.remote(self._later) for r in self._replicas], "setting lr")
             self._later = {}
 
-    def _applied(self, refs: list) -> Optional[float]:
+    def _applied(self, refs: list, sharded: Any = None) -> Optional[float]:
         """Wait for the workers' ``apply`` ``refs`` of the update to step ``step_count``; returns its
-        gradient norm before clipping (every worker's is rank 0's), None without ``max_grad_norm``."""
+        gradient norm before clipping (every worker's is rank 0's), None without ``max_grad_norm``.
+        ``sharded``: ``refs`` are the owners' norms; their new params stay pending."""
         norms = self._get(refs, f"the optimizer update of step {self.step_count}")
-        self._pending = []
+        if not sharded:
+            self._pending = []
         return norms[0]
 
     def shutdown(self) -> None:
@@ -218,57 +226,6 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False,
-                  counted: Optional[tuple[dict, float]] = None) -> tuple[list[dict], list[tuple[int, int]]]:
-        """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
-        it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws; and
-        the bounds of each worker's rows (``_bounds``). ``counted``: the batch's ``_batch_feeds``
-        of ``specs`` and its weight where the caller has them (a micro-batch's: ``accumulating.counting``)."""
-        feeds, weight = counted or (self._batch_feeds(batch, specs), None)
-        read = isinstance(batch, LoaderBatch)
-        if noise:  # a train step
-            self._refuse_step(feeds, weight)
-        given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
-        bounds = self._bounds(feeds, noise, whole)
-        self._refuse_split_classes(feeds, bounds)
-        out = []
-        for lo, hi in bounds:
-            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed, "set": self._later}
-            if read:
-                message["read"] = (batch.epoch, batch.index, lo, hi)
-                shard = {n: a[lo:hi] for n, a in batch.items()}  # shape stand-ins: no data
-            else:
-                message["shard"] = shard = {n: a[lo:hi] if n in self._rows else a
-                                            for n, a in {**feeds, **given}.items()}
-            if noise and self.noise_specs and hi > lo:
-                message["noise"] = self._noise_shapes(shard, shard)
-            out.append(message)
-        return out, bounds
-
-    def _bounds(self, feeds: Mapping[str, np.ndarray], train: bool, whole: bool = False) -> list[tuple[int, int]]:
-        """(first row, end row) of each worker's shard of the batch ``feeds``, for a train step or
-        (not ``train``) an evaluation; ``whole``: all on rank 0."""
-        rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
-        return joined(self.manifest.loss, bounds_of(rows, self.workers, whole, pairs=train and self._pairs), feeds)
-
-    def _refuse_split_classes(self, feeds: Mapping[str, np.ndarray], bounds: list[tuple[int, int]]) -> None:
-        """Refuse a cross-entropy whose class count C follows the rows a worker gets (logits
-        ``[N, N]`` of a contrastive loss, or a C the model computes from them): each worker's
-        logits would then hold other classes than the whole batch's, and its loss a label >= its
-        own C as 0, so the shards could not make the whole batch's loss, predictions or step."""
-        loss = self.manifest.loss
-        shards = [(lo, hi) for lo, hi in bounds if hi > lo]
-        if loss.get("kind") != "cross_entropy" or len(shards) < 2:
-            return
-        whole = self._classes(feeds)
-        for rank, (lo, hi) in enumerate(shards):
-            part = self._classes({n: a[lo:hi] if n in self._rows else a for n, a in feeds.items()})
-            if part != whole:
-                raise ArtifactsError(f"the cross-entropy's logits {loss['output']!r} have {whole} classes for the "
-                                     f"batch's {bounds[-1][1]} rows but {part} for the {hi - lo} rows of worker "
-                                     f"rank {rank}: the class dim follows the rows, so the workers' losses cannot make"
-                                     " the whole batch's (a label past a shard's classes counts 0); use workers=1")
-
     def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rank 0's forward of ``data`` as a whole, as one process's (``predict`` splits it)."""
         rows = next((len(a) for n, a in data.items() if n in self._rows), 0)
@@ -290,18 +247,17 @@ class DistributedTrainer(Trainer, DrivesWorkers):
             for message in messages:
                 message["renorm_rows"] = len(rows)
             calls = self._step_calls(messages, rows)
-            grads = [g for _, g in calls]
-            update = [r.apply.remote(self.step_count + 1, *grads) for r in self._replicas] if norm else []
+            pending, update = self._updates(calls, norm)
             try:
-                infos = self._get([info for info, _ in calls], f"training step {self.step_count + 1}", bounds)
+                infos = self._get([info for info, *_ in calls], f"training step {self.step_count + 1}", bounds)
             except GraphcError:
-                settle(self._ray, grads + update)
+                settle(self._ray, pending + update)
                 raise
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
-            self._pending, self._later = grads, {}
+            self._pending, self._later = pending, {}
             self.step_count += 1
             if norm:  # a failed update stays pending: the next call sends it again, applied once
-                self._step_outputs = {self._grad_norm: np.asarray(self._applied(update))}
+                self._step_outputs = {self._grad_norm: np.asarray(self._applied(update, sharded=self._plan))}
             if metrics:
                 self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
@@ -320,22 +276,37 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         rank, (lo, hi) = next((r, b) for r, b in enumerate(bounds) if b[0] <= row < b[1])
         return f"; in the shard of {self._who[rank]}, rows {lo}:{hi} of the batch"
 
+    def _updates(self, calls: list, norm: bool) -> tuple[list, list]:
+        """(what the next step's calls take, the refs whose first gives the norm before clipping where
+        ``norm``) for the step ``calls``: every worker's gradients, and with ``norm`` the update, made
+        at once; sharded, the owners' updates, made at once (``ShardPlan.issue``)."""
+        if self._plan is not None:
+            updates, norms = self._plan.issue(self._replicas, self.step_count + 1, calls)
+            return updates, norms if norm else []
+        grads = [g for _, g in calls]
+        return grads, [r.apply.remote(self.step_count + 1, *grads) for r in self._replicas] if norm else []
+
     def _step_calls(self, messages: list[dict], rows: list) -> list:
         """Each worker's step call, given ``rows`` (every worker's ``renorm_rows`` refs) and the last
         gradients: one, or with a staged gradients graph (SyncBatchNorm), for the workers with rows,
         ``begin`` and an ``advance`` per later stage, each given every such worker's last object
         (``replica``'s docstring); returns the (info, gradients) refs."""
-        step = [r.step.options(num_returns=2) for r in self._replicas]
+        step = [r.step.options(num_returns=self._returns) for r in self._replicas]
         if self._stages == 1:
             return [call.remote(m, *rows, *self._pending) for call, m in zip(step, messages)]
         busy = [rank for rank, m in enumerate(messages) if m["rows"]]
         parts = [self._replicas[rank].begin.remote(messages[rank], *rows, *self._pending) for rank in busy]
         for k in range(1, self._stages):
-            last = {"num_returns": 2 if k + 1 == self._stages else 1}
+            last = {"num_returns": self._returns if k + 1 == self._stages else 1}
             parts = [self._replicas[rank].advance.options(**last).remote(*parts) for rank in busy]
         ends = dict(zip(busy, parts))
         return [ends[rank] if rank in ends else call.remote(m, *rows, *self._pending)
                 for rank, (call, m) in enumerate(zip(step, messages))]
+
+    @property
+    def _returns(self) -> int:
+        """How many objects a step call returns: its info and its gradients, sharded one per shard."""
+        return 1 + (self.workers if self._plan is not None else 1)
 
     def _split_metrics(self) -> tuple[Optional[dict], dict]:
         """``self.metrics`` as (those the workers reduce per shard, ``metrics.splits``; None: the
@@ -399,9 +370,13 @@ class DistributedTrainer(Trainer, DrivesWorkers):
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Rank 0's carried tensors (every worker holds the same), named per param."""
+        """Rank 0's carried tensors (every worker holds the same), named per param; sharded, each
+        shard's optimizer state its owner's (``ShardPlan.joined``), the layout as unsharded."""
         self._sync()
-        return self._get(self._replicas[0].state.remote(), "reading the state")
+        if self._plan is None:
+            return self._get(self._replicas[0].state.remote(), "reading the state")
+        states = self._get([r.state.remote(True) for r in self._replicas], "reading the workers' state")
+        return self.manifest.unpack(self._plan.joined(states))
 
     def _carried(self, name: str) -> np.ndarray:
         return self.state_dict()[name]

@@ -1,0 +1,112 @@
+"""A data-parallel worker's side of a sharded optimizer update (``optimizer_shards``): the
+``Replica`` methods that split its gradients by shard, step its own shard and take the others'.
+
+Calls per step, which the driver chains without waiting on any: ``step`` returns the worker's
+gradients as one object per shard; ``update_shard`` (given every worker's object for this worker's
+shard) averages them as ``Replica.apply`` does, steps the shard and returns its new params; or, where
+the update reads every gradient, ``reduce_shard`` returns this shard's share of the total norm and
+inf/NaN check and ``apply_shard`` (given every worker's share) steps; the next ``step`` (or ``apply``)
+takes every other shard's new params (``take``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.passes.training.clipping import joined_norm
+from graphc.passes.training.guarded_params import TOUCHED_SUFFIX
+from graphc.passes.training.update_graphs import FOUND_INF, NORM_PART, TOTAL_NORM
+from graphc.runtime.distributed.optimizer_shards import shard_key
+from graphc.runtime.distributed.renorm_rows import RENORMED
+
+__all__ = ["ShardedUpdate"]
+
+
+class ShardedUpdate:
+    """``Replica``'s sharded update; ``_shards`` is None for an unsharded one."""
+
+    _shards: Optional[dict] = None
+
+    def _shard_protos(self, protos: dict, layout: Optional[dict]) -> set[str]:
+        """Take this rank's update (and ``norm_parts``) graph out of ``protos`` (every rank's, by
+        ``shard_key``), where ``layout`` (``ShardPlan.layout``) is given; returns the carried tensors
+        other ranks keep (this worker leaves them out)."""
+        self._shards = layout
+        if layout is None:
+            return set()
+        mine = {shard_key(kind, self.rank): kind for kind in ("update", "norm_parts")}
+        for key in [k for k in protos if "/" in k]:
+            proto = protos.pop(key)
+            if key in mine:
+                protos[mine[key]] = proto
+        self._mine = set(layout["params"][self.rank])
+        self._feeds: dict[str, Any] = {}
+        return {n for rank, names in enumerate(layout["owned"]) if rank != self.rank for n in names}
+
+    def _parts(self, grads: Optional[dict]) -> tuple:
+        """``grads`` (``_outputs``' or ``LocalSums``') as one object per shard: its params' gradients,
+        touched flags and renormalised values, each with the weight (and a staged step's scale) and
+        the BatchNorm statistics (rank 0's); unsharded, as it is."""
+        if self._shards is None:
+            return (grads,)
+        if grads is None:
+            return (None,) * len(self._shards["params"])
+        out = []
+        for params in self._shards["params"]:
+            names = {n for p in params for n in (f"{p}_grad", p + TOUCHED_SUFFIX, p + RENORMED)}
+            stats = {n: a for n, a in grads["stats"].items() if not n.endswith(RENORMED) or n in names}
+            out.append({**grads, "grads": {n: a for n, a in grads["grads"].items() if n in names}, "stats": stats,
+                        "touched": {n: a for n, a in grads["touched"].items() if n in names}})
+        return tuple(out)
+
+    def reduce_shard(self, step: int, *gathered: Optional[dict]) -> dict:
+        """Every worker's gradients of this shard (``_parts``) averaged, kept for ``apply_shard``;
+        returns this shard's ``norm_parts`` (found_inf, its share of the norm: False and 0 for a shard
+        of no params)."""
+        self._feeds = self._averaged(gathered)
+        if not {FOUND_INF, TOTAL_NORM} & self._update_inputs:
+            return {}
+        if not self._mine:
+            dtype = next((v.type.tensor_type.elem_type for v in self._protos["update"].graph.input
+                          if v.name == TOTAL_NORM), None)
+            return {FOUND_INF: False, NORM_PART: np.zeros((), _numpy_dtype(dtype)) if dtype else None}
+        if not hasattr(self, "_norm_parts"):
+            self._norm_parts = self._prepare("norm_parts")
+        inputs = {v.name for v in self._protos["norm_parts"].graph.input}
+        host, _ = self._norm_parts.run_bound({n: a for n, a in self._feeds.items() if n in inputs},
+                                             [v.name for v in self._protos["norm_parts"].graph.output])
+        return {FOUND_INF: bool(host[FOUND_INF]) if FOUND_INF in host else False, NORM_PART: host.get(NORM_PART)}
+
+    def apply_shard(self, step: int, *shares: dict) -> tuple[dict, Optional[float]]:
+        """Step this shard on ``reduce_shard``'s average, given every worker's share (none: an update
+        that reads no gradient but its own); returns (this shard's new params, the total norm before
+        clipping or None)."""
+        feeds, norm = self._feeds, None
+        if FOUND_INF in self._update_inputs:
+            feeds[FOUND_INF] = np.array(any(s[FOUND_INF] for s in shares))
+        if TOTAL_NORM in self._update_inputs:
+            norm = joined_norm([s[NORM_PART] for s in shares], self.manifest.optimizer.get("grad_norm_type", 2.0))
+            feeds[TOTAL_NORM] = norm
+        self._feeds = {}
+        self._run_update(feeds)
+        new = {p: self._update.to_host(self._state[p]) for p in self._mine}
+        return new, None if norm is None else float(norm)
+
+    def update_shard(self, step: int, *gathered: Optional[dict]) -> tuple[dict, Optional[float]]:
+        """``reduce_shard`` then ``apply_shard``, for an update that reads no gradient but its own."""
+        self.reduce_shard(step, *gathered)
+        return self.apply_shard(step)
+
+    def take(self, updates: tuple) -> None:
+        """Set every other shard's new params (``apply_shard``'s, in rank order)."""
+        for rank, update in enumerate(updates):
+            if rank != self.rank:
+                for name, value in update.items():
+                    self._state[name] = self._update.to_device(np.asarray(value))
+
+
+def _numpy_dtype(elem_type: int) -> np.dtype:
+    import onnx
+
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
