@@ -126,6 +126,26 @@ def test_placement_reaches_the_trainer_with_workers_and_is_refused_without(capsy
     assert len(made) == tried
 
 
+def test_shard_optimizer_reaches_the_trainer_with_workers_and_is_refused_without(capsys, ws, monkeypatch):
+    """``--shard-optimizer`` goes to ``gc.Trainer(shard_optimizer=True)`` with ``--workers N`` (N > 1);
+    without them it is one usage error, before any Trainer."""
+    import graphc as gc
+
+    made = []
+
+    def trainer(*args, **kwargs):
+        made.append(kwargs)
+        raise gc.GraphcError("stopped here: the test's Trainer")
+
+    monkeypatch.setattr(gc, "Trainer", trainer)
+    train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8")
+    assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--workers", "2", "--shard-optimizer"))
+    assert made[-1]["shard_optimizer"] is True
+    err = one_line_error(run_cli(capsys, *train, "--shard-optimizer"))
+    assert "--shard-optimizer splits the optimizer update between the --workers: give --workers N (N > 1)" in err
+    assert len(made) == 1
+
+
 def test_grad_norm_type_without_max_grad_norm_is_refused(capsys, ws, tmp_path):
     r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--grad-norm-type", "1",
                 "-o", tmp_path / "arts")

@@ -230,6 +230,8 @@ def train_cmd(
                                   help="With --workers > 1: which nodes of the Ray cluster the workers run on: "
                                   "default (Ray's: the driver's node filled first) or spread (Ray's SPREAD: one "
                                   "worker per node in turn)."),
+    shard_optimizer: bool = typer.Option(False, "--shard-optimizer", help="With --workers > 1: each worker steps and "
+                                         "keeps the optimizer state of its share of the params alone (ZeRO-1)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="With --backend ort-cuda: replay each step "
                                     "as a CUDA graph (one launch instead of one per node)."),
     schedule: str = typer.Option("none", "--schedule", metavar="NAME",
@@ -288,7 +290,7 @@ def train_cmd(
     out = err_console if as_json else console  # stdout holds the one JSON document
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
-    _check_placement(ctx, placement, workers)
+    _check_worker_options(ctx, placement, workers, shard_optimizer)
     for option, path, file in (("--plot", plot, "loss.png"), ("--log", log, "epochs.jsonl"),
                                ("--tensorboard", tensorboard, None), ("--checkpoint", checkpoint, None)):
         if path is not None:
@@ -304,7 +306,7 @@ def train_cmd(
         trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                              workers=workers, ray_address=ray_address, accumulate=accumulate,
                              **backend_options(ctx, backend),
-                             **({"placement": placement} if workers > 1 else {}))
+                             **({"placement": placement, "shard_optimizer": shard_optimizer} if workers > 1 else {}))
     except resume_rules.AccumulateChanged as exc:
         raise _in_cli_words(exc) from None
     if resume:
@@ -399,8 +401,9 @@ def _summary(trainer, history, **paths: Optional[Path]) -> dict:
             **{name: None if path is None else str(path) for name, path in paths.items()}}
 
 
-def _check_placement(ctx: typer.Context, placement: str, workers: int) -> None:
-    """``--placement`` names one of ``placement.PLACEMENTS`` and comes with ``--workers N`` (N > 1)."""
+def _check_worker_options(ctx: typer.Context, placement: str, workers: int, shard_optimizer: bool) -> None:
+    """``--placement`` names one of ``placement.PLACEMENTS``; it and ``--shard-optimizer`` come with
+    ``--workers N`` (N > 1)."""
     from graphc.runtime.distributed.placement import PLACEMENTS
 
     if placement not in PLACEMENTS:
@@ -409,6 +412,9 @@ def _check_placement(ctx: typer.Context, placement: str, workers: int) -> None:
     if given(ctx, "placement") and workers == 1:
         raise ValueError(f"--placement {placement} says which Ray nodes the --workers run on: give --workers N "
                          "(N > 1) too, or leave out --placement")
+    if shard_optimizer and workers == 1:
+        raise ValueError("--shard-optimizer splits the optimizer update between the --workers: give --workers N "
+                         "(N > 1) too, or leave out --shard-optimizer")
 
 
 def _lr_note(trainer):

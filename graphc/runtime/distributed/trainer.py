@@ -221,9 +221,10 @@ class DistributedTrainer(BatchMessages, Trainer, DrivesWorkers):
         return self._get([r.pid.remote() for r in self._replicas], "asking the workers' pids")
 
     def worker_states(self) -> list[dict[str, np.ndarray]]:
-        """Every worker's carried tensors (named per param), by rank: they agree after each step."""
+        """Every worker's carried tensors (named per param), by rank: they agree after each step.
+        Sharded (``shard_optimizer``), as train_step takes them: each holds its shard's optimizer state alone."""
         self._sync()
-        return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
+        return self._get([r.state.remote(self._plan is not None) for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
     def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

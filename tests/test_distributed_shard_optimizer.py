@@ -1,0 +1,204 @@
+"""``gc.Trainer(workers=2, shard_optimizer=True)`` (ZeRO-1, ``optimizer_shards``) against the unsharded
+data-parallel run and one process, float64 on the numpy backend, on the loopback Ray cluster the
+data-parallel modules share: SGD with momentum and AdamW with clipping (losses, step_grad_norms,
+state to 1e-12), the fused layout and one update per param, loss scaling's skipped steps,
+accumulate=2, checkpoints resumed sharded <-> unsharded, a killed worker; and the partition itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.runtime.distributed.optimizer_shards import ShardPlan
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+
+pytestmark = [pytest.mark.xdist_group("ray"),
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
+
+RNG = np.random.default_rng(0)
+WORKERS = {"workers": 2, "num_cpus": 0.5, "timeout_s": 120, "backend": "numpy"}
+F64 = {"dtype": "float64"}
+OPTIMIZERS = {"sgd-momentum": lambda clip: gc.optim.SGD(0.05, momentum=0.9, weight_decay=0.01, **clip),
+              "adamw": lambda clip: gc.optim.AdamW(0.01, weight_decay=0.1, **clip)}
+CLIP = {"max_grad_norm": 0.05}  # small enough to clip every step
+
+
+class _Net(gc.nn.Module):
+    """A middle weight of 67,200 entries, a flat buffer of its own (``flat.ALONE_ELEMENTS``): the
+    fused layout has two buffers, one for each worker."""
+
+    def __init__(self, dtype="float64"):
+        super().__init__()
+        self.a = gc.nn.Linear(8, 96, dtype=dtype)
+        self.b = gc.nn.Linear(96, 700, dtype=dtype)
+        self.c = gc.nn.Linear(700, 3, dtype=dtype)
+
+    def forward(self, x):
+        return self.c(gc.relu(self.b(gc.relu(self.a(x)))))
+
+
+def _arts(optimizer, dtype="float64", **options):
+    return gc.training.generate(gc.capture(_Net(dtype), x=gc.spec(dtype, ("N", 8))),
+                                gc.losses.cross_entropy("output", label="y"), optimizer, **options)
+
+
+def _data(rows: int, dtype="float64"):
+    return {"x": RNG.standard_normal((rows, 8)).astype(dtype), "y": RNG.integers(0, 3, rows)}
+
+
+def _loader(data):
+    return gc.data.DataLoader(data, batch_size=6, shuffle=True, seed=3)  # 4 batches of 6, one of 2
+
+
+def _same_state(got: dict, want: dict, rtol=1e-12, atol=1e-15) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-param"])
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_fit_equals_unsharded_and_one_process(ray_cluster, opt, fused):
+    """2 epochs with clipping: step losses, step_grad_norms and the state as one process's and the
+    unsharded workers' to 1e-12; each worker holds its own shard's optimizer state alone, the shards
+    together all of it, once."""
+    arts, data = _arts(OPTIMIZERS[opt](CLIP), fused=fused), _data(26)
+    one = gc.Trainer(arts, backend="numpy")
+    want = one.fit(_loader(data), epochs=2, progress=False, quiet=True)
+    plain = gc.Trainer(arts, **WORKERS)
+    sharded = gc.Trainer(arts, shard_optimizer=True, **WORKERS)
+    try:
+        unsharded = plain.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        got = sharded.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        for history in (got, unsharded):
+            np.testing.assert_allclose(history.step_losses, want.step_losses, rtol=1e-12)
+            np.testing.assert_allclose(history.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        assert len(got.step_grad_norms) == 10 and min(got.step_grad_norms) > CLIP["max_grad_norm"]  # clipped
+        _same_state(sharded.state_dict(), one.state_dict())
+        _same_state(sharded.state_dict(), plain.state_dict())
+        plan = sharded._plan
+        assert all(plan.params) and sorted(sum(plan.params, [])) == sorted(arts.manifest.trainable)
+        state = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role == "state"
+                 and e.name not in ("step",)]
+        held = [set(s) for s in sharded.worker_states()]
+        for rank in (0, 1):
+            assert plan.owned[rank] <= held[rank] and not plan.owned[1 - rank] & held[rank]
+        assert sorted(plan.owned[0] | plan.owned[1]) == sorted(state) and not plan.owned[0] & plan.owned[1]
+    finally:
+        plain.shutdown()
+        sharded.shutdown()
+
+
+def test_loss_scaling_skips_a_step_on_every_shard(ray_cluster):
+    """Dynamic loss scaling from 2**122 on float32 inputs of 1000 times unit scale: the first 3 steps'
+    gradients overflow, and every worker skips them (the skip decided over all shards): the state,
+    skipped-step count and scale as the unsharded workers', bit for bit. (Not one process's: a shard's
+    scaled gradient can overflow where the whole batch's mean does not, sharded or not.)"""
+    arts = _arts(gc.optim.AdamW(0.01, weight_decay=0.1), "float32", loss_scale=gc.amp.GradScaler(init_scale=2.0 ** 122))
+    batches = [{k: v * (1000 if k == "x" else 1) for k, v in _data(8, "float32").items()} for _ in range(8)]
+    plain = gc.Trainer(arts, **WORKERS)
+    sharded = gc.Trainer(arts, shard_optimizer=True, **WORKERS)
+    try:
+        for batch in batches:
+            assert sharded.step(batch) == plain.step(batch)
+        got, want = sharded.state_dict(), plain.state_dict()
+        assert 0 < int(got["loss_scale.skipped_steps"]) < 8 and int(got["step"]) == 8 - int(got["loss_scale.skipped_steps"])
+        _same_state(got, want, rtol=0, atol=0)
+    finally:
+        plain.shutdown()
+        sharded.shutdown()
+
+
+def test_accumulate_2_equals_one_process(ray_cluster):
+    """accumulate=2 with clipping: each optimizer step the owners combine their shard's summed
+    gradients once; losses, norms and state as one process's accumulate=2."""
+    arts, data = _arts(OPTIMIZERS["adamw"](CLIP)), _data(26)
+    one = gc.Trainer(arts, backend="numpy", accumulate=2)
+    want = one.fit(_loader(data), epochs=2, progress=False, quiet=True)
+    dp = gc.Trainer(arts, accumulate=2, shard_optimizer=True, **WORKERS)
+    try:
+        got = dp.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        assert dp.step_count == dp.combines == 6
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        _same_state(dp.state_dict(), one.state_dict())
+    finally:
+        dp.shutdown()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["sharded-then-unsharded", "unsharded-then-sharded"])
+def test_checkpoints_resume_across_sharding(ray_cluster, tmp_path, first):
+    """3 steps, a checkpoint, 3 more steps in a trainer sharded the other way: the end as one process
+    that never stopped (1e-12), and the checkpoint's tensors named and shaped as the other way's."""
+    arts = _arts(OPTIMIZERS["adamw"](CLIP))
+    batches = [_data(8) for _ in range(6)]
+    one = gc.Trainer(arts, backend="numpy")
+    want = [one.step(b) for b in batches]
+    before = gc.Trainer(arts, shard_optimizer=first, **WORKERS)
+    try:
+        losses = [before.step(b) for b in batches[:3]]
+        before.save_checkpoint(tmp_path / "ckpt.safetensors")
+        saved = before.state_dict()
+    finally:
+        before.shutdown()
+    after = gc.Trainer(arts, shard_optimizer=not first, **WORKERS)
+    try:
+        after.load_checkpoint(tmp_path / "ckpt.safetensors")
+        other = after.state_dict()
+        assert {n: a.shape for n, a in other.items()} == {n: a.shape for n, a in saved.items()}
+        losses += [after.step(b) for b in batches[3:]]
+        np.testing.assert_allclose(losses, want, rtol=1e-12)
+        _same_state(after.state_dict(), one.state_dict())
+    finally:
+        after.shutdown()
+
+
+def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster):
+    """Rank 1 (owner of a shard) killed before step 7 (epoch 2's second): the workers restart from the
+    epoch's start, each loading its shard's state again, and the run ends as one process's."""
+    arts, data = _arts(OPTIMIZERS["sgd-momentum"](CLIP)), _data(26)
+    one = gc.Trainer(arts, backend="numpy")
+    want = one.fit(_loader(data), epochs=2, progress=False, quiet=True)
+    dp = gc.Trainer(arts, shard_optimizer=True, **WORKERS)
+    step, killed = dp.step, []
+
+    def kill_before_step_7(batch):
+        if dp.step_count == 6 and not killed:
+            killed.append(dp.worker_pids()[1])
+            os.kill(killed[0], signal.SIGKILL)
+        return step(batch)
+
+    dp.step = kill_before_step_7
+    try:
+        with pytest.warns(UserWarning, match="restarting the 2 workers from step 5"):
+            got = dp.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        assert killed and dp.step_count == 10
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        _same_state(dp.state_dict(), one.state_dict())
+    finally:
+        del dp.step
+        dp.shutdown()
+
+
+def test_plan_balances_bytes_by_whole_buffers():
+    """A 4-layer MLP of 1024-wide layers, AdamW: its four 4 MiB weights and the buffer of its biases cut
+    into 2 shards of 8 MiB (and the biases); each optimizer state tensor has one owner."""
+    layers = [gc.nn.Linear(1024, 1024) for _ in range(4)]
+    model = gc.capture(gc.nn.Sequential(*layers), x=gc.spec("float32", ("N", 1024)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(1e-3))
+    plan = ShardPlan(arts.manifest, 2)
+    assert sorted(plan.bytes) == [8 * 2**20, 8 * 2**20 + 4 * 4096]
+    assert sorted(sum(plan.params, [])) == sorted(arts.manifest.trainable)
+    assert not plan.owned[0] & plan.owned[1] and len(plan.owned[0] | plan.owned[1]) == 2 * len(arts.manifest.layout)
+
+
+def test_refused_without_workers():
+    with pytest.raises(ValueError, match=r"shard_optimizer=True .* needs workers > 1"):
+        gc.Trainer(_arts(OPTIMIZERS["adamw"]({})), shard_optimizer=True)
