@@ -81,7 +81,8 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
                                    bounds) for index, (call, (_, bounds)) in enumerate(zip(calls, plans))]
                 norms = self._get(combine, f"the optimizer update of step {self.step_count + 1}")
             except GraphcError:
-                settle(self._ray, [grads for call in calls for _, *parts in call for grads in parts] + pending + combine)
+                made = [grads for call in calls for _, *parts in call for grads in parts]  # unsharded: pending too
+                settle(self._ray, made + (pending if self._plan is not None else []) + combine)
                 raise
             self._pending = pending if self._plan is not None else []
             self.combines += 1
