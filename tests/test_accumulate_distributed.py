@@ -313,17 +313,21 @@ class _KilledBetweenMicroBatches:
     """Rank ``rank``'s actor handle, which, the first time it is sent micro-batch 2 of a step, first
     sends the actor a call that SIGKILLs its process: the actor runs its calls in order, so it dies
     after micro-batch 1 added its gradients to its sums and before micro-batch 2 (the driver sends
-    a step's calls at once, so only the actor's own queue can place the kill there)."""
+    a step's calls at once, so only the actor's own queue can place the kill there). The kill is
+    sent once micro-batch 1's reply is back: killed sooner, the actor can die with that reply unsent
+    (its task done, the reply still queued), and the driver rightly names micro-batch 1."""
 
     def __init__(self, handle, killed: list):
-        self._handle, self._killed = handle, killed
+        self._handle, self._killed, self._first = handle, killed, []
 
     def __getattr__(self, name):
         return getattr(self._handle, name)
 
     @property
     def step(self):
-        handle, killed = self._handle, self._killed
+        import ray
+
+        handle, killed, first = self._handle, self._killed, self._first
 
         class Step:
             @staticmethod
@@ -333,7 +337,11 @@ class _KilledBetweenMicroBatches:
                 class Call:
                     @staticmethod
                     def remote(message, *args):
+                        if message["micro"][0] == 0:
+                            refs = first[:] = call.remote(message, *args)
+                            return refs
                         if message["micro"][0] == 1 and not killed:
+                            ray.wait(first, num_returns=len(first), timeout=WORKERS["timeout_s"])
                             killed.append(message["step"])
                             handle.__ray_call__.remote(lambda actor: os.kill(os.getpid(), signal.SIGKILL))
                         return call.remote(message, *args)
