@@ -67,6 +67,7 @@ API_DEFAULTS = {
     ("train", "tensorboard"): (gc.Trainer.__init__, "tensorboard"),
     ("train", "workers"): (gc.Trainer.__init__, "workers"),
     ("train", "accumulate"): (gc.Trainer.__init__, "accumulate"),
+    ("train", "shard_optimizer"): (DistributedTrainer.__init__, "shard_optimizer"),
     ("train", "ray_address"): (gc.Trainer.__init__, "ray_address"),
     ("train", "placement"): (DistributedTrainer.__init__, "placement"),
     ("train", "progress"): (gc.Trainer.fit, "progress"),
