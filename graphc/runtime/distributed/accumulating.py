@@ -82,7 +82,7 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
                 norms = self._get(combine, f"the optimizer update of step {self.step_count + 1}")
             except GraphcError:
                 made = [grads for call in calls for _, *parts in call for grads in parts]  # unsharded: pending too
-                settle(self._ray, made + (pending if self._plan is not None else []) + combine)
+                settle(self._ray, made + pending + combine)
                 raise
             self._pending = pending if self._plan is not None else []
             self.combines += 1

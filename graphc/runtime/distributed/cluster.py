@@ -133,8 +133,9 @@ def get(ray, refs: Any, timeout: Optional[float], what: str, who: Optional[Seque
 def settle(ray, refs: list) -> None:
     """Read what each of ``refs`` that is done holds, dropping its error: a call that failed left
     one in every object it returns, and Ray logs an error never read ("Unhandled error", with the
-    worker's traceback) once its object is freed, after graphc raised it already."""
-    for ref in _done(ray, refs):
+    worker's traceback) once its object is freed, after graphc raised it already. A ref given twice
+    is read once (``ray.wait`` refuses duplicates)."""
+    for ref in _done(ray, list(dict.fromkeys(refs))):
         _error(ray, ref)  # the error was raised from another of the call's objects
 
 

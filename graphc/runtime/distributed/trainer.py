@@ -252,7 +252,7 @@ class DistributedTrainer(BatchMessages, Trainer, DrivesWorkers):
             try:
                 infos = self._get([info for info, *_ in calls], f"training step {self.step_count + 1}", bounds)
             except GraphcError:
-                settle(self._ray, pending + update)
+                settle(self._ray, [grads for _, *parts in calls for grads in parts] + pending + update)
                 raise
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = pending, {}
