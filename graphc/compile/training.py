@@ -709,17 +709,19 @@ def _averaging(built, averaged) -> dict:
     return {**spec, "names": weight_averaging.add(built, spec)}
 
 
-def update_model(manifest: Manifest, grad_norm: bool = False, shard: Optional[Collection[str]] = None) -> Model:
+def update_model(manifest: Manifest, grad_norm: bool = False, shard: Optional[Collection[str]] = None,
+                 args: Optional[dict[str, Any]] = None) -> Model:
     """The optimizer update of ``manifest``'s train_step as a model of its own (see
     ``passes.training.update_graphs``), built from the manifest alone: artifacts saved
     before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
     of float64 params were saved before their lr became float64). ``grad_norm``: with the spec's
     ``max_grad_norm``, also output train_step's ``grad_norm`` (the total norm before clipping).
     ``shard``: the params of one worker of a sharded update (whole flat buffers): their update alone,
-    given the total norm and found_inf of every shard (``update_graphs.update_graph``'s ``norm_dtype``)."""
+    given the total norm and found_inf of every shard (``update_graphs.update_graph``'s ``norm_dtype``).
+    ``args``: ``update_args(manifest, shard)``, where the caller has them already."""
     from graphc.passes.training import update_graphs
 
-    args = update_args(manifest, shard)
+    args = update_args(manifest, shard) if args is None else args
     return Model(update_graphs.update_graph(manifest.opset, args["optimizer"], args["params"], args["groups"],
                                             args["optimizer"].get("no_decay") or (), args["lr_dtype"],
                                             manifest.loss_scale, args["gated"], args["flagged"], manifest.sources,

@@ -65,7 +65,8 @@ class ShardPlan:
         self.bytes = loads
         self.manifest, self.workers = manifest, workers
         carried = {e.name for e in step.inputs if e.role in CARRIED_ROLES}
-        self._update = [update_model(manifest, shard=set(mine)) for mine in self.params]
+        self._args = [update_args(manifest, set(mine)) for mine in self.params]
+        self._update = [update_model(manifest, args=args) for args in self._args]
         inputs = [{v.name for v in m.proto.graph.input} & carried for m in self._update]
         shared = set.intersection(*inputs)
         every = set(params)
@@ -82,10 +83,9 @@ class ShardPlan:
         from graphc.passes.training import update_graphs
 
         out: dict[str, Any] = {}
-        for rank, (mine, update) in enumerate(zip(self.params, self._update)):
+        for rank, (mine, args, update) in enumerate(zip(self.params, self._args, self._update)):
             out[shard_key("update", rank)] = update
             if self.exchanges and mine:
-                args = update_args(self.manifest, set(mine))
                 out[shard_key("norm_parts", rank)] = Model(update_graphs.norm_parts_graph(
                     self.manifest.opset, args["optimizer"], args["params"], args["groups"], self.manifest.loss_scale,
                     args["norm_dtype"]))
