@@ -42,6 +42,11 @@ class ShardedUpdate:
                 protos[mine[key]] = proto
         self._mine = set(layout["params"][self.rank])
         self._feeds: dict[str, Any] = {}
+        parts = protos.get("norm_parts")  # a shard of params only: its inputs and outputs
+        self._parts_io = (({v.name for v in parts.graph.input}, [v.name for v in parts.graph.output])
+                          if parts is not None else None)
+        dtype = next((v.type.tensor_type.elem_type for v in protos["update"].graph.input if v.name == TOTAL_NORM), None)
+        self._norm_dtype = _numpy_dtype(dtype) if dtype else None  # a shard of no params' share of the norm
         return {n for rank, names in enumerate(layout["owned"]) if rank != self.rank for n in names}
 
     def _parts(self, grads: Optional[dict]) -> tuple:
@@ -68,14 +73,12 @@ class ShardedUpdate:
         if not {FOUND_INF, TOTAL_NORM} & self._update_inputs:
             return {}
         if not self._mine:
-            dtype = next((v.type.tensor_type.elem_type for v in self._protos["update"].graph.input
-                          if v.name == TOTAL_NORM), None)
-            return {FOUND_INF: False, NORM_PART: np.zeros((), _numpy_dtype(dtype)) if dtype else None}
+            return {FOUND_INF: False,
+                    NORM_PART: np.zeros((), self._norm_dtype) if self._norm_dtype is not None else None}
         if not hasattr(self, "_norm_parts"):
             self._norm_parts = self._prepare("norm_parts")
-        inputs = {v.name for v in self._protos["norm_parts"].graph.input}
-        host, _ = self._norm_parts.run_bound({n: a for n, a in self._feeds.items() if n in inputs},
-                                             [v.name for v in self._protos["norm_parts"].graph.output])
+        inputs, outputs = self._parts_io
+        host, _ = self._norm_parts.run_bound({n: a for n, a in self._feeds.items() if n in inputs}, outputs)
         return {FOUND_INF: bool(host[FOUND_INF]) if FOUND_INF in host else False, NORM_PART: host.get(NORM_PART)}
 
     def apply_shard(self, step: int, *shares: dict) -> tuple[dict, Optional[float]]:
