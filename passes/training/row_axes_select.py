@@ -18,8 +18,9 @@ __all__: list[str] = []
 # -- values made from shapes only ------------------------------------------------------------------
 @rule("Shape", "Size", "ConstantOfShape", "EyeLike", "RandomNormalLike", "RandomUniformLike", "Range")
 def shape_only(node: ir.Node, ins: Ins) -> list[Rows | None]:
-    """Outputs that depend on the rows' count, not their values: a shard's count is its own, as
-    each shard's own rows are."""
+    """Outputs that depend on the rows' count, not their values: they hold no rows. A shard's count
+    is its own, not the whole batch's: ``row_counts`` follows it and warns where it is read as a
+    value (a Range over the batch axis as positions, a Shape or Size as the batch's size)."""
     return [None] * len(node.outputs)
 
 
