@@ -15,8 +15,6 @@ torch = pytest.importorskip("torch")
 
 NOT_MODULES = {  # torch.nn module classes graphc leaves out, and why
     "Container": "deprecated since torch 1.0 (Sequential and ModuleList replace it)",
-    "DataParallel": "multi-device replication; graphc's data parallelism is "
-                    "graphc.runtime.distributed.DistributedTrainer's",
 }
 NOT_FUNCTIONS = {  # torch.nn.functional callables that are not functions a user calls on Tensors
     "Optional": "typing", "assert_int_or_pair": "torch's argument helper", "boolean_dispatch": "torch's helper",
