@@ -16,30 +16,24 @@ RNG = np.random.default_rng(0)
 BACKENDS = ("numpy", "ort-cpu")
 
 
-class HalfTanh(gc.autograd.Function):  # a backward that is not the forward's: half the true gradient
-    @staticmethod
-    def forward(ctx, x):
-        y = gc.tanh(x)
-        ctx.save_for_backward(y)
-        return y
+def _half_tanh(base, lib):
+    class HalfTanh(base):  # a backward that is not the forward's: half the true gradient
+        @staticmethod
+        def forward(ctx, x):
+            y = lib.tanh(x)
+            ctx.save_for_backward(y)
+            return y
 
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return 0.5 * g * (1.0 - y * y)
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return 0.5 * g * (1.0 - y * y)
+
+    return HalfTanh
 
 
-class TorchHalfTanh(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = torch.tanh(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return 0.5 * g * (1.0 - y * y)
+HalfTanh = _half_tanh(gc.autograd.Function, gc)
+TorchHalfTanh = _half_tanh(torch.autograd.Function, torch)
 
 
 class TwoLayer(gc.nn.Module):
