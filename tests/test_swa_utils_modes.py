@@ -1,8 +1,9 @@
 """``gc.optim.swa_utils`` weight averaging in the train_step variants the plain MLP tests do not
 reach, against torch 2.13's ``AveragedModel.update_parameters`` (float64, numpy and ort-cpu):
 conv weights train_step holds in another axis order (``Manifest.orders``, fused and per-param
-updates) and loss scaling's skipped steps (torch's ``scaler.step(opt); scaler.update();
-avg.update_parameters(model)`` loop); the Trainers that do not run train_step refuse it."""
+updates; torch's SWA + ``update_bn`` recipe through a checkpoint to the export) and loss scaling's
+skipped steps (torch's ``scaler.step(opt); scaler.update(); avg.update_parameters(model)`` loop); the
+Trainers that do not run train_step refuse it."""
 
 from __future__ import annotations
 
@@ -123,6 +124,42 @@ def test_held_conv_weights_average_as_torch_s(tmp_path, backend, fused, kind, to
     onnx.checker.check_model(str(path), full_check=True)
     got = gc.Session(gc.load(path), backend=backend).run({"x": x})["output"]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_conv_net_update_bn_checkpoint_and_export_are_torch_s(tmp_path, backend, fused, torch_float64):
+    """torch's SWA recipe on the CNN: SWA from step 2 of 5 (no use_buffers), then ``update_bn`` over 3
+    batches (ort-cpu raised 'Failed to find NodeArg with name: conv.weight'); the averaged statistics
+    within 1e-12 of torch's update_bn, and a checkpoint taken after it resumes into a Trainer whose
+    checked averaged export is torch's averaged module in eval mode (1e-12)."""
+    net = _Cnn()
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 2, 4, 4))), gc.losses.mse("output", label="y"),
+                                gc.optim.AdamW(0.01, weight_decay=0.1), fused=fused,
+                                averaged=swa.AveragedModel(net, start=1))
+    trainer = gc.Trainer(arts, backend=backend)
+    twin = _twin(net, _TorchCnn)
+    opt = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.1)
+    averaged = torch_swa.AveragedModel(twin)
+    for t, batch in enumerate(_cnn_batches(5), start=1):
+        trainer.step(batch)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(twin(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
+        opt.step()
+        if t > 1:
+            averaged.update_parameters(twin)
+    loader = [{"x": RNG.standard_normal((5, 2, 4, 4)) + 1.0} for _ in range(3)]
+    swa.update_bn(loader, trainer)
+    torch_swa.update_bn([torch.from_numpy(b["x"]) for b in loader], averaged)
+    _assert_averaged(trainer, averaged, "update_bn")
+    trainer.save_checkpoint(tmp_path / "ck")
+    path = gc.Trainer(tmp_path / "ck", backend=backend).export_inference(tmp_path / "swa.onnx", averaged=True)
+    onnx.checker.check_model(str(path), full_check=True)
+    x = RNG.standard_normal((4, 2, 4, 4))
+    with torch.no_grad():
+        want = averaged.module.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(gc.Session(gc.load(path), backend=backend).run({"x": x})["output"], want,
+                               rtol=1e-12, atol=1e-14)
 
 
 def _scaled_batches(n: int, overflow=(2, 5)) -> list[dict]:

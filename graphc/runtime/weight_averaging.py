@@ -45,6 +45,7 @@ def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]
     import onnx_ir as ir
 
     from graphc.passes.training.weight_averaging import PREFIX, batch_statistics_graph
+    from graphc.runtime.trainer import without_initializers
 
     names = averaged_names(trainer.manifest)
     trainer._eval_exe()
@@ -53,7 +54,9 @@ def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]
     graph = batch_statistics_graph(trainer.artifacts.eval.ir, [n for n in names if n not in trainer.manifest.trainable])
     outputs = [v.name for v in graph.graph.outputs]
     inputs = {v.name for v in graph.graph.inputs}
-    exe = trainer._backend.prepare(ir.to_proto(graph), **trainer._options)
+    # params and statistics fed, not initialized (as the Trainer's eval graph): onnxruntime's CPU session
+    # of a float64 conv net kept no conv.weight input to bind otherwise
+    exe = trainer._backend.prepare(without_initializers(ir.to_proto(graph), inputs), **trainer._options)
     running: dict[str, np.ndarray] = {}
     count = 0
     state = trainer._eval_state(averaged=True)  # nothing below changes it before the last batch
