@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import (
+    grad_hooks,
     linalg_legacy,
     ops,
     ops_aliases,
@@ -257,6 +258,8 @@ METHODS = {
     "nonzero_static": ops_torch_misc.nonzero_static, "unsafe_chunk": ops_torch_misc.unsafe_chunk,
     "unsafe_split": ops_torch_misc.unsafe_split, "unsafe_split_with_sizes": ops_torch_misc.unsafe_split_with_sizes,
     "angle": ops_torch_misc.angle,
+    # gradient hooks (grad_hooks.py): gc.autograd.Functions whose backward is the hook
+    "register_hook": grad_hooks.register_hook,
 }
 
 for _name, _method in METHODS.items():

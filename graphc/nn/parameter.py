@@ -4,11 +4,13 @@ is drawn when its module is initialised unless the user set it, and the Tensor t
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import Builder, user_source
+from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.grad_hooks import HookHandle, apply_hook, hook_label
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -50,6 +52,7 @@ class Parameter(Sized):
         self._data: np.ndarray | None = data
         self.user_set = data is not None
         self.qualname: str | None = None
+        self.grad_hooks: OrderedDict[object, tuple[Any, str]] = OrderedDict()  # register_hook's, in order
 
     @property
     def data(self) -> Any:
@@ -82,6 +85,27 @@ class Parameter(Sized):
         """Set ``requires_grad`` (False: frozen, read through ``gc.detach``); returns self, as torch's."""
         self.requires_grad = bool(requires_grad)
         return self
+
+    def register_hook(self, hook: Any) -> HookHandle:
+        """torch's ``register_hook`` on a Parameter: ``hook(grad)`` (a new gradient, or None: unchanged) applied to
+        this parameter's gradient in every capture that reads it (``graphc.dsl.grad_hooks``), so ``gc.grad`` gives,
+        and a training graph's update steps by, the hooked gradient; several in registration order. ``remove()``
+        takes it off (the captures made meanwhile keep it)."""
+        where = f"Parameter.register_hook at {user_source()}"
+        if not callable(hook):
+            raise TypeError(f"{where}: a hook must be callable, got {type(hook).__name__}")
+        if self.buffer or not self.requires_grad or self.complex:
+            why = "a buffer" if self.buffer else "complex" if self.complex else "frozen (requires_grad=False)"
+            raise CaptureError(f"{where}: cannot register a hook on a tensor that doesn't require gradient "
+                               f"(parameter {self.qualname or ''} is {why})")
+        key = object()
+        label = f"the hook {hook_label(hook)} registered at {user_source()}"
+        self.grad_hooks[key] = (hook, label)
+        handle = HookHandle(lambda: self.grad_hooks.pop(key, None))
+        builder = active()
+        if builder is not None and id(self) in builder.param_tensors:  # already read in this capture
+            handle.add(apply_hook(builder, builder.param_tensors[id(self)], hook, label))
+        return handle
 
     def draw(self, rng: np.random.Generator) -> None:
         if not self.user_set:
@@ -153,6 +177,8 @@ def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> T
     tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
     tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
     builder.param_tensors[id(param)] = tensor
+    for hook, label in param.grad_hooks.values():
+        apply_hook(builder, tensor, hook, label)
     if param.buffer:
         builder.buffers.append(tensor.value.name)
         if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it

@@ -1,0 +1,165 @@
+"""torch's gradient hooks as ``gc.autograd.Function``s whose forward is the identity.
+
+``t.register_hook(hook)`` applies ``Hook`` (backward: ``hook(grad)``, None keeping ``grad``) to ``t``'s value
+through a plain Identity of its own (the hook's *slot*), and makes every node that reads the value, those emitted
+before the call too, read the hook's output instead, so the hook sees ``t``'s whole gradient, as torch's does. A
+later hook on the same value is put between the value and the earlier hooks' slots, so the gradient meets the hooks
+in registration order. The hook runs once, at registration, on a placeholder gradient: what it computes is captured
+into the Function's backward; a hook that returns None computes nothing there (printing or storing the gradient
+sees the placeholder, not values). ``graphc.nn.backward_hooks`` builds a module's backward hooks on ``apply_hook``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx_ir as ir
+
+from graphc.dsl import ops
+from graphc.dsl.autograd import Function
+from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
+from graphc.passes.values import static_shape
+
+__all__ = ["HookHandle", "Hook", "checked_grad", "hook_label", "refuse_no_grad", "register_hook"]
+
+
+def hook_label(hook: Any) -> str:
+    """``name (file.py line N)`` of a hook function, for messages."""
+    code = getattr(hook, "__code__", None)
+    name = getattr(hook, "__qualname__", type(hook).__name__)
+    return name if code is None else f"{name} ({code.co_filename.rsplit('/', 1)[-1]} line {code.co_firstlineno})"
+
+
+def checked_grad(new: Any, grad: Tensor, what: str) -> Tensor:
+    """``new`` as the gradient that replaces ``grad`` (None: ``grad``); ``CaptureError`` naming ``what`` when it
+    is not a Tensor of ``grad``'s dtype and shape."""
+    if new is None:
+        return grad
+    if not isinstance(new, Tensor):
+        raise CaptureError(f"{what} returned {type(new).__name__}; it returns a gc.Tensor or None")
+    want, got = static_shape(grad.value), static_shape(new.value)
+    if new.dtype != grad.dtype or (want is not None and got is not None and (
+            len(want) != len(got) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                         for a, b in zip(want, got)))):
+        raise CaptureError(f"{what} returned a gradient of {new.type_str()} for one of {grad.type_str()}; a hook "
+                           "returns its gradient's dtype and shape")
+    return new
+
+
+class Hook(Function):
+    """The identity whose backward is ``hook(grad)``; applied as ``Hook.apply(x, hook, where)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, hook: Any, where: str) -> Tensor:
+        ctx.hook, ctx.where = hook, where
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        return checked_grad(ctx.hook(grad), grad, ctx.where), None, None
+
+
+def refuse_no_grad(tensor: Tensor | None, what: str) -> None:
+    """torch's refusal of a hook on a tensor that has no gradient (an integer or bool one)."""
+    if tensor is not None and tensor.dtype not in FLOAT_DTYPES:
+        raise CaptureError(f"{what}: cannot register a hook on a tensor that doesn't require gradient "
+                           f"({tensor.name} is {tensor.type_str()})")
+
+
+@dataclass
+class _Point:
+    """A hooked value: ``base``, the value its producer made, and the slots of its hooks, last registered first."""
+
+    base: ir.Value
+    slots: list[ir.Node] = field(default_factory=list)
+
+
+# per capture: id of a hooked value (its base or a hook's output) -> its point
+_POINTS: weakref.WeakKeyDictionary[Builder, dict[int, _Point]] = weakref.WeakKeyDictionary()
+
+
+class HookHandle:
+    """What ``register_hook`` returns: ``remove()`` takes the hook off while its capture runs (the captured model
+    keeps what it holds); also a ``with`` block's context manager, as torch's handle."""
+
+    def __init__(self, *removers: Any) -> None:
+        self._removers = list(removers)
+
+    def add(self, remover: Any) -> None:
+        self._removers.append(remover)
+
+    def remove(self) -> None:
+        while self._removers:
+            self._removers.pop()()
+
+    def __enter__(self) -> "HookHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def register_hook(tensor: Tensor, hook: Any) -> HookHandle:
+    """torch's ``Tensor.register_hook``: ``hook(grad)`` returns the gradient that replaces ``grad`` (or None,
+    which keeps it: in a captured graph such a hook computes nothing), applied to the tensor's whole gradient,
+    several hooks in registration order. Returns a handle whose ``remove()`` takes it off during the capture."""
+    where = f"Tensor.register_hook at {user_source()}"
+    if not callable(hook):
+        raise TypeError(f"{where}: a hook must be callable, got {type(hook).__name__}")
+    builder = active()
+    if builder is None:
+        raise CaptureError(f"{where}: {tensor.name} is outside gc.capture, where no gradient is taken; register "
+                           "the hook in forward, or on a gc.nn.Parameter (param.register_hook)")
+    refuse_no_grad(tensor, where)
+    return HookHandle(apply_hook(builder, tensor, hook, f"the hook {hook_label(hook)} registered at {user_source()}"))
+
+
+def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
+    """Put ``hook`` on ``tensor``'s value (see the module's docstring); returns what takes it off again."""
+    points = _POINTS.setdefault(builder, {})
+    point = points.get(id(tensor.value)) or _Point(tensor.value)
+    scope = builder.scope
+    start = len(scope.nodes)
+    state = builder.set_gradients(True)
+    try:
+        slot = ops.emit("Identity", [Tensor(point.base)], name_hint="hook_slot")
+        out = Hook.apply(slot, hook, where).value
+    finally:
+        builder.restore_gradients(state)
+    made = scope.nodes[start:]
+    del scope.nodes[start:]
+    producer = point.base.producer()
+    at = scope.nodes.index(producer) + 1 if producer in scope.nodes else 0
+    scope.nodes[at:at] = made  # its nodes read the base only: before every node the base's readers are
+    slot_node = slot.value.producer()
+    for node, index in list(point.base.uses()):
+        if node is not slot_node:
+            node.replace_input_with(index, out)
+    if not point.slots:
+        tensor._ir = out
+    points[id(point.base)] = points[id(out)] = point
+    point.slots.insert(0, slot_node)
+    return lambda: _remove(builder, tensor, point, slot_node, made)
+
+
+def _remove(builder: Builder, tensor: Tensor, point: _Point, slot_node: ir.Node, made: list[ir.Node]) -> None:
+    """Take one hook off: its output's readers read its slot's input again, its nodes leave the graph (its
+    backward stays in the model, called by no node). After the capture: nothing (the model is built)."""
+    if active() is not builder or slot_node not in point.slots:
+        return
+    out, source = made[-1].outputs[0], slot_node.inputs[0]  # made: the slot, then the Function's marker
+    for node, index in list(out.uses()):
+        node.replace_input_with(index, source)
+    nodes = builder.scope.nodes
+    nodes[:] = [n for n in nodes if all(n is not m for m in made)]
+    for node in made:
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
+    point.slots.remove(slot_node)
+    if tensor._ir is out:
+        tensor._ir = source
