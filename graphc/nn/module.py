@@ -21,6 +21,7 @@ from graphc.dsl.seeding import initial_seed
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
 from graphc.nn.buffer import Buffer
+from graphc.nn.backward_hooks import deprecated_hook_refused
 from graphc.nn.hooks import RemovableHandle, add_hook, call_hooked
 from graphc.nn.parameter import Parameter, held_array, read_param
 from graphc.nn.reprs import repr_block
@@ -443,13 +444,18 @@ class Module:
                         always_call)
 
     def register_full_backward_hook(self, hook: Any, prepend: bool = False) -> RemovableHandle:
-        raise _no_backward_hooks("register_full_backward_hook")
+        """``hook(module, grad_input, grad_output)`` on the gradients of each call in a capture, as torch's:
+        ``grad_input`` one per positional argument (None for one that is not a float Tensor), ``grad_output`` one
+        per output Tensor; what it returns (not None) becomes ``grad_input`` (``graphc.nn.backward_hooks``)."""
+        return add_hook(self.__dict__.setdefault("_backward_hooks", OrderedDict()), hook, prepend, False)
 
     def register_full_backward_pre_hook(self, hook: Any, prepend: bool = False) -> RemovableHandle:
-        raise _no_backward_hooks("register_full_backward_pre_hook")
+        """``hook(module, grad_output)`` before the gradients pass through each call, as torch's; what it returns
+        (not None) becomes ``grad_output``, which the module's parameters and inputs are differentiated by."""
+        return add_hook(self.__dict__.setdefault("_backward_pre_hooks", OrderedDict()), hook, prepend, False)
 
     def register_backward_hook(self, hook: Any) -> RemovableHandle:
-        raise _no_backward_hooks("register_backward_hook")
+        raise deprecated_hook_refused()
 
     def extra_repr(self) -> str:
         return ""
@@ -467,14 +473,6 @@ class Module:
         if len(lines) == 1 and not held:
             return f"{self._get_name()}({lines[0]})"
         return repr_block(self._get_name(), lines + [f"({name}): {mod!r}" for name, mod in held.items()])
-
-
-def _no_backward_hooks(method: str) -> NotImplementedError:
-    """Why a backward hook is refused: no Python runs when the gradients are computed."""
-    return NotImplementedError(
-        f"Module.{method}: graphc computes gradients in the graph it builds after capture (gc.grad, the "
-        f"training graphs), where no Python hook can run; read or change the gradients as outputs of "
-        f"gc.grad(model, loss) instead")
 
 
 def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
