@@ -1,0 +1,204 @@
+"""Gradient hooks: ``Tensor.register_hook``, ``Parameter.register_hook`` and a Module's full backward hooks and
+pre-hooks, each a ``gc.autograd.Function`` whose backward is the hook; checked against torch 2.13 in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+BACKENDS = ("numpy", "ort-cpu")
+MASK = (np.random.default_rng(1).random((4, 3)) > 0.5).astype(np.float64)  # a pruned weight's kept entries
+
+
+def _tensor_hooks(lib, x, w):
+    """A value read before its hooks and after; two hooks whose order matters (scale, then clamp)."""
+    h = x @ w
+    before = lib.tanh(h)
+    h.register_hook(lambda g: g * 2.0)
+    h.register_hook(lambda g: lib.clamp(g, -0.3, 0.3))
+    h.register_hook(lambda g: None)  # torch: observes only; here: computes nothing
+    return (before * 3.0).sum() + (h * h).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tensor_hooks_chain_in_order_on_the_whole_gradient(backend):
+    model = gc.capture(lambda x, w: {"loss": _tensor_hooks(gc, x, w)}, x=gc.spec("float64", (4, 3)),
+                       w=gc.spec("float64", (3, 5)))
+    x, w = RNG.normal(size=(4, 3)), RNG.normal(size=(3, 5))
+    out = gc.Session(gc.grad(model, "loss", wrt=["x", "w"]), backend=backend).run({"x": x, "w": w})
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    _tensor_hooks(torch, tx, tw).backward()
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["w_grad"], tw.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_removed_hook_leaves_the_gradient_alone():
+    def f(x):
+        y = x * 3.0
+        y.register_hook(lambda g: g * 2.0)
+        y.register_hook(lambda g: g * 5.0).remove()
+        with y.register_hook(lambda g: g * 7.0):
+            pass
+        return {"loss": (y * y).sum()}
+
+    model = gc.capture(f, x=gc.spec("float64", (2, 3)))
+    x = RNG.normal(size=(2, 3))
+    g = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend="numpy").run({"x": x})
+    np.testing.assert_allclose(g["x_grad"], 3.0 * 2.0 * 2.0 * (3.0 * x), rtol=1e-12)
+
+
+def _pruned(lib):
+    """fc1's weight masked by a parameter hook, fc2's gradient clamped by one registered in forward."""
+    def mask(g):
+        return g * (torch.tensor(MASK) if lib is torch else MASK)
+
+    class Pruned(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = lib.nn.Linear(3, 4), lib.nn.Linear(4, 2)
+            self.fc1.weight.register_hook(mask)
+            self.fc1.bias.register_hook(lambda g: g * 0.5).remove()
+
+        def forward(self, x):
+            if not getattr(self, "hooked", False):  # torch keeps a forward's hook on the parameter: once
+                self.fc2.weight.register_hook(lambda g: lib.clamp(g, -0.1, 0.1))
+                self.hooked = lib is torch
+            return self.fc2(lib.tanh(self.fc1(x)))
+
+    return Pruned
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameter_hooks_steer_adamw_steps_as_torchs(backend):
+    model = gc.capture(_pruned(gc)().double(), x=gc.spec("float64", ("N", 3)))
+    artifacts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"),
+                                     gc.optim.AdamW(0.01, weight_decay=0.1))
+    twin = _pruned(torch)().double()
+    twin.load_state_dict({k: torch.tensor(v) for k, v in model.params.items()})
+    opt = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.1)
+    trainer = gc.Trainer(artifacts, backend=backend)
+    for _ in range(3):
+        x, y = RNG.normal(size=(6, 3)), RNG.integers(0, 2, size=6)
+        got = trainer.step({"x": x, "y": y})
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(torch.tensor(x)), torch.tensor(y))
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-10)
+    for name, want in twin.state_dict().items():
+        np.testing.assert_allclose(trainer.params[name], want.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    pruned = MASK == 0  # no gradient: AdamW's decoupled decay alone moves them, as torch's
+    np.testing.assert_allclose(trainer.params["fc1.weight"][pruned],
+                               model.params["fc1.weight"][pruned] * (1 - 0.01 * 0.1) ** 3, rtol=1e-12)
+
+
+def _hooked(lib, log):
+    """fc2 with a pre-hook scaling grad_output and two full hooks (clamping grad_input, mixing in grad_output)."""
+    class Hooked(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = lib.nn.Linear(3, 4), lib.nn.Linear(4, 4), lib.nn.Linear(4, 2)
+            self.fc2.register_full_backward_pre_hook(lambda m, go: (go[0] * 3.0,))
+            self.fc2.register_full_backward_hook(
+                lambda m, gi, go: (lib.clamp(gi[0], -0.05, 0.05) + go[0].sum() * 0.01,))
+            self.fc2.register_full_backward_hook(lambda m, gi, go: log.append((type(m).__name__, len(gi), len(go))))
+            self.fc2.register_full_backward_hook(lambda m, gi, go: (gi[0] * 0.5,), prepend=False)
+
+        def forward(self, x):
+            h = lib.tanh(self.fc1(x))
+            return self.fc3(lib.tanh(self.fc2(h)) + h)  # h read outside fc2 too: that gradient is not hooked
+
+    return Hooked
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_module_backward_hooks_are_torchs(backend):
+    log = []
+    net = _hooked(gc, log)().double()
+
+    class Loss(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return {"loss": (self.net(x) ** 2).sum()}
+
+    model = gc.capture(Loss(), x=gc.spec("float64", ("N", 3)))
+    assert log == [("Linear", 1, 1)]  # run once, at capture
+    twin = _hooked(torch, [])().double()
+    twin.load_state_dict({k: torch.tensor(v) for k, v in net.state_dict().items()})
+    x = RNG.normal(size=(5, 3))
+    tx = torch.tensor(x, requires_grad=True)
+    (twin(tx) ** 2).sum().backward()
+    out = gc.Session(gc.grad(model, "loss", wrt=["x", *model.params]), backend=backend).run({"x": x})
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for name, p in twin.named_parameters():
+        np.testing.assert_allclose(out[f"net.{name}_grad"], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_full_hooks_see_none_for_arguments_without_a_gradient():
+    seen = []
+
+    class Scale(gc.nn.Module):
+        def forward(self, x, k, n):
+            return x * k + n.astype("float64").sum(), n
+
+    module = Scale()
+    module.register_full_backward_hook(lambda m, gi, go: seen.append([g is None for g in gi] + [g is None for g in go]))
+
+    def f(x):
+        y, _ = module(x, 2.0, gc.argmax(x, 1))
+        return {"loss": y.sum()}
+
+    gc.capture(f, x=gc.spec("float64", (2, 3)))
+    assert seen == [[False, True, True, False, True]]
+
+
+@pytest.mark.parametrize("returned, message", [
+    ("count", r"Linear's full backward hook \S*<lambda> \(test_backward_hooks.py line \d+\) returned an invalid "
+              r"number of gradients, got 2, but expected 1"),
+    ("shape", r"returned a gradient of float64\[3\] for one of float64\[2,3\]"),
+])
+def test_a_hooks_wrong_result_is_named(returned, message):
+    module = gc.nn.Linear(3, 4).double()
+    module.register_full_backward_hook(
+        lambda m, gi, go: (gi[0], gi[0]) if returned == "count" else (gi[0].sum(0),))
+
+    def f(x):
+        return {"loss": module(x * 1.0).sum()}
+
+    with pytest.raises(gc.CaptureError, match=message):
+        gc.capture(f, x=gc.spec("float64", (2, 3)))
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(gc.CaptureError, match=r"Tensor.register_hook at .*: cannot register a hook on a tensor that "
+                                              r"doesn't require gradient \(.* is int64"):
+        gc.capture(lambda x: gc.argmax(x, 1).register_hook(lambda g: g), x=gc.spec("float64", (2, 3)))
+    frozen = gc.nn.Linear(3, 4)
+    frozen.weight.requires_grad_(False)
+    with pytest.raises(gc.CaptureError, match=r"cannot register a hook .* is frozen \(requires_grad=False\)"):
+        frozen.weight.register_hook(lambda g: g)
+    with pytest.raises(gc.CaptureError, match=r"is outside gc.capture, where no gradient is taken"):
+        gc.ones(3).register_hook(lambda g: g)
+    with pytest.raises(TypeError, match="a hook must be callable, got int"):
+        gc.nn.Linear(3, 4).register_full_backward_pre_hook(3)
+
+
+def test_in_a_control_flow_body_it_is_refused():
+    def f(x):
+        def body(v):
+            v = v * 2.0
+            v.register_hook(lambda g: g * 3.0)
+            return v
+
+        return gc.cond(x.sum() > 0, body, lambda v: v, x)
+
+    with pytest.raises(gc.CaptureError, match=r"Function Hook \(applied at .*\) is inside a body \(gc.cond"):
+        gc.capture(f, x=gc.spec("float64", (2, 3)))
