@@ -1,6 +1,6 @@
 """torch's gradient hooks as ``gc.autograd.Function``s whose forward is the identity.
 
-``t.register_hook(hook)`` applies ``Hook`` (backward: ``hook(grad)``, None keeping ``grad``) to ``t``'s value
+``t.register_hook(hook)`` applies ``TensorHook`` (backward: ``hook(grad)``, None keeping ``grad``) to ``t``'s value
 through a plain Identity of its own (the hook's *slot*), and makes every node that reads the value, those emitted
 before the call too, read the hook's output instead, so the hook sees ``t``'s whole gradient, as torch's does. A
 later hook on the same value is put between the value and the earlier hooks' slots, so the gradient meets the hooks
@@ -25,7 +25,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
-__all__ = ["HookHandle", "Hook", "checked_grad", "hook_label", "refuse_no_grad", "register_hook"]
+__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "refuse_no_grad", "register_hook"]
 
 
 def hook_label(hook: Any) -> str:
@@ -51,8 +51,8 @@ def checked_grad(new: Any, grad: Tensor, what: str) -> Tensor:
     return new
 
 
-class Hook(Function):
-    """The identity whose backward is ``hook(grad)``; applied as ``Hook.apply(x, hook, where)``."""
+class TensorHook(Function):
+    """The identity whose backward is ``hook(grad)``; applied as ``TensorHook.apply(x, hook, where)``."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, hook: Any, where: str) -> Tensor:
@@ -128,7 +128,7 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
     state = builder.set_gradients(True)
     try:
         slot = ops.emit("Identity", [Tensor(point.base)], name_hint="hook_slot")
-        out = Hook.apply(slot, hook, where).value
+        out = TensorHook.apply(slot, hook, where).value
     finally:
         builder.restore_gradients(state)
     made = scope.nodes[start:]

@@ -2,11 +2,12 @@
 two ``gc.autograd.Function``s whose forwards are the identity (``graphc.dsl.grad_hooks`` holds a Tensor's hooks).
 
 Around one call (its forward and forward hooks, on the arguments its forward pre-hooks gave, as torch's order):
-``Outputs`` on the output Tensors, whose backward runs the pre-hooks on ``grad_output``; with full hooks also
-``Inputs`` on the float positional arguments, applied after the forward, its outputs moved before it and read by
-the forward's nodes in the arguments' place. ``Inputs`` also returns one zero *carrier* per float output that
-``Outputs`` takes as an argument and sends its ``grad_output`` to, so the gradient reaching ``Inputs``' backward
-holds both the module's ``grad_input`` and ``grad_output``, which it gives the full hooks.
+``ModuleGradOutput`` on the output Tensors, whose backward runs the pre-hooks on ``grad_output``; with full hooks
+also ``ModuleGradInput`` on the float positional arguments, applied after the forward, its outputs moved before it
+and read by the forward's nodes in the arguments' place. ``ModuleGradInput`` also returns one zero *carrier* per
+float output that ``ModuleGradOutput`` takes as an argument and sends its ``grad_output`` to, so the gradients
+reaching ``ModuleGradInput``'s backward hold both the module's ``grad_input`` and ``grad_output``, which it gives the
+full hooks.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Call:
         carriers: tuple = ()
         if self.hooks("_backward_hooks") and self.arg_floats:
             carriers = self._hook_inputs()
-        hooked = Outputs.apply(self, *(self.outputs[i] for i in self.out_floats), *carriers)
+        hooked = ModuleGradOutput.apply(self, *(self.outputs[i] for i in self.out_floats), *carriers)
         hooked = hooked if isinstance(hooked, tuple) else (hooked,)
         outputs = list(self.outputs)
         for i, value in zip(self.out_floats, hooked):
@@ -69,10 +70,10 @@ class Call:
         return outputs[0] if single else tuple(outputs)
 
     def _hook_inputs(self) -> tuple:
-        """``Inputs`` applied; the call's nodes read its outputs in the arguments' place. Returns the carriers."""
+        """``ModuleGradInput`` applied, the call's nodes reading its outputs in the arguments' place; the carriers."""
         nodes = self.builder.scope.nodes
         called = nodes[self.start:]
-        marks = Inputs.apply(self, *(self.args[i] for i in self.arg_floats))
+        marks = ModuleGradInput.apply(self, *(self.args[i] for i in self.arg_floats))
         inputs = marks[:len(self.arg_floats)]
         firsts = [m.value.producer() for m in inputs]  # Identities of the arguments: before the call's nodes
         nodes[:] = [n for n in nodes if all(n is not f for f in firsts)]
@@ -108,7 +109,7 @@ def _nested(nodes: list[ir.Node]) -> list[ir.Node]:
             for inner in ir.traversal.RecursiveGraphIterator(attr.value)]
 
 
-class Outputs(Function):
+class ModuleGradOutput(Function):
     """The identity on a call's float outputs; backward: the pre-hooks on ``grad_output``, which also goes to the
     carriers."""
 
@@ -129,7 +130,7 @@ class Outputs(Function):
         return None, *floats, *(floats if carried else ())
 
 
-class Inputs(Function):
+class ModuleGradInput(Function):
     """The identity on a call's float arguments, and a zero carrier per float output; backward: the full hooks on
     (``grad_input``, ``grad_output``), the carriers' gradients being ``grad_output``."""
 
