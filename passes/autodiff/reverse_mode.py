@@ -305,7 +305,8 @@ class Reverse:
                          and n.outputs[0] in per_step and is_float(n.outputs[0])
                          and _same_shape_every_step(n.outputs[0], body, stable)]
         self.product_tapes: list[ir.Value] = []
-        self.taped: ir.Node | None = None
+        self.taped: ir.Node | None = None  # none for a Scan that carries nothing: it runs as it is
+        self.n_outputs = 0
 
     @staticmethod
     def typed(value: ir.Value, like: ir.Value) -> ir.Value:
