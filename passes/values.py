@@ -19,7 +19,7 @@ __all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE
            "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
            "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
            "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "holds_autograd_functions",
-           "needed_values", "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient",
+           "needed_values", "node_attrs", "onnx_opset", "rebind_autograd_copy", "replace_value", "static_shape", "stops_gradient",
            "subgraph_reads", "subgraphs"]
 
 Dim = int | str | None
@@ -121,6 +121,19 @@ def _rebind_autograd(graph: ir.Graph | None, old: str, new: str) -> None:
         for key in ("inputs", "reads"):
             record[key] = [new if name == old else name for name in record[key]]
         node.metadata_props[AUTOGRAD_KEY] = json.dumps(record)
+
+
+def rebind_autograd_copy(node: ir.Node, names: Mapping[str, str]) -> None:
+    """A copy of a ``gc.autograd.Function`` marker (a loop body's step unrolled or taped, an If branch
+    cloned for its gradient) binds the copies of the values its original bound: ``names`` maps an
+    original's name to its copy's (a value it does not name, read from outside the copied body, stays)."""
+    text = node.metadata_props.get(AUTOGRAD_KEY)
+    if text is None:
+        return
+    record = json.loads(text)
+    for key in ("inputs", "reads"):
+        record[key] = [names.get(name, name) for name in record[key]]
+    node.metadata_props[AUTOGRAD_KEY] = json.dumps(record)
 
 
 def stops_gradient(node: ir.Node) -> bool:

@@ -162,23 +162,51 @@ def test_detached_penalty_after_optimize_levels():
         gc.training.generate(gc.optimize(model, level=3), "loss", gc.optim.SGD(0.1))
 
 
-class _Square(gc.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        ctx.save_for_backward(a)
-        return a * a
+def _exp_sin(base, lib):
+    """exp with the gradient ``g * y * sin(x)``: a saved input and a saved output, both differentiable ops."""
+    class ExpSin(base):
+        @staticmethod
+        def forward(ctx, x):
+            y = lib.exp(x)
+            ctx.save_for_backward(x, y)
+            return y
 
-    @staticmethod
-    def backward(ctx, gy):
-        return 2 * ctx.saved_tensors[0] * gy
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            return g * y * lib.sin(x)
+
+    return ExpSin
 
 
-def test_an_autograd_function_on_the_path_is_refused_naming_gc_autograd_grad():
-    with pytest.raises(gc.GraphError, match=r"gc\.autograd\.grad \(called at .*test_autograd_grad\.py:\d+\): "
-                                            r"gc\.autograd\.Function _Square .* gc\.autograd\.grad, "
-                                            r"gc\.autograd\.functional, gc\.func's transforms and gc\.vmap inside a "
-                                            r"capture cannot use it"):
-        gc.capture(lambda x: gc.autograd.grad(_Square.apply(x * 1).sum(), x)[0], x=gc.spec("float64", (3,)))
+def _through_function(lib, fn, x, w, create_graph):
+    h = lib.tanh(x * w)
+    y = fn.apply(h).sum()
+    (gh,) = lib.autograd.grad(y, [h], create_graph=create_graph, retain_graph=True)
+    return (gh * gh).sum() + y
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_function_on_the_path_takes_its_backward_as_torch(create_graph):
+    """create_graph=True differentiates the backward's own ops, and its saved output through the backward again."""
+    fn = _exp_sin(gc.autograd.Function, gc)
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = gc.nn.Parameter(RNG.normal(size=(3,)))
+
+        def forward(self, x):
+            return {"loss": _through_function(gc, fn, x, self.w, create_graph)}
+
+    model = gc.capture(Net().double(), x=gc.spec("float64", ("N", 3)))
+    x = RNG.normal(size=(4, 3))
+    w = torch.tensor(model.params["w"], requires_grad=True)
+    loss = _through_function(torch, _exp_sin(torch.autograd.Function, torch), torch.tensor(x), w, create_graph)
+    loss.backward()
+    for backend, out in _run(gc.grad(model, "loss"), {"x": x}).items():
+        np.testing.assert_allclose(out["loss"], loss.item(), rtol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(out["w_grad"], w.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -86,6 +86,13 @@ class Function:
         return _apply(cls, args, user_source())
 
 
+def backwards(builder: Builder) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """The backwards of the Functions applied so far in ``builder``'s capture, by identifier: what
+    ``gc.autograd.grad`` and ``gc.func``'s transforms differentiate a Function's region by."""
+    finisher = builder.finishers.get(_FUNCTIONS_KEY)
+    return {} if finisher is None else {function.identifier(): function for function, *_ in finisher.pending}
+
+
 def _apply(cls: type, args: tuple, source: str) -> Any:
     builder = active()
     where = f"gc.autograd.Function {cls.__name__} (applied at {source})"
@@ -94,10 +101,10 @@ def _apply(cls: type, args: tuple, source: str) -> Any:
     ctx = FunctionCtx(where, needs)
     if builder is None:  # outside a capture: values only, no gradient to take
         return _forward(cls, ctx, args)
-    if len(builder.scopes) > 1:
-        raise CaptureError(f"{where} is inside a body (gc.cond, gc.fori_loop, gc.scan, gc.while_loop, gc.vmap) "
-                           "or another Function's backward; graphc takes a Function's backward in the main graph "
-                           "only: apply it outside the body")
+    inside = next((scope.backward_of for scope in builder.scopes if scope.backward_of), None)
+    if inside is not None:
+        raise CaptureError(f"{where} is inside the backward of {inside}; graphc takes a Function's backward as "
+                           "plain ops: apply this Function outside that backward")
     state = builder.set_gradients(False)
     try:
         result = _forward(cls, ctx, args)
@@ -157,6 +164,7 @@ class _Backward:
         state = builder.set_gradients(True)
         try:
             with builder.subgraph() as scope:
+                scope.backward_of = self.where
                 it = iter(params)
                 grads = [Tensor(next(it)) if m else zeros_like(o) if o.dtype in FLOAT_DTYPES else None
                          for o, m in zip(self.outputs, self.marked)]
@@ -167,7 +175,10 @@ class _Backward:
             builder.restore_gradients(state)
         body = ir.Graph(params, [g.value for _, g in returned], nodes=scope.nodes, opset_imports={"": builder.opset},
                         name=self.name)
-        reads = _reads(body, set(params))
+        # a saved output is read as the Function's output (its marker), as torch's saved output carries its
+        # history: differentiating the backward (create_graph=True) goes through this backward again
+        outputs = {id(o.value): mark.value for o, mark, m in zip(self.outputs, marks, self.marked) if m}
+        reads = [outputs.get(id(v), v) for v in _reads(body, set(params))]
         record = {"function": self.name, "class": self.cls.__name__, "source": self.source}
         inputs = [self.args[i].value for i, _ in returned]
         builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).add(

@@ -194,6 +194,7 @@ class Scope:
         # a ``gc.vmap`` body: the list ``renorm`` records each max_norm lookup of a weight from outside it
         # in (``renorm.OuterLookup``), which ``vmap_renorm`` makes again after the call on every example's rows
         self.lookups = lookups
+        self.backward_of: str | None = None  # a ``gc.autograd.Function``'s backward being captured: where it was applied
 
 
 class Builder:

@@ -68,6 +68,7 @@ class _Traced:
     def backward(self, cotangents: list[Tensor]) -> list[Tensor]:
         """The gradient of ``sum(<output, cotangent>)`` by each ``wrt`` value (zeros where no path
         reaches it: ``unused`` lists those), emitted in the current scope."""
+        from graphc.dsl.autograd import backwards
         from graphc.passes.autodiff import backprop
         from graphc.passes.autodiff.builder import GradBuilder
         from graphc.passes.autodiff.recurrent import UNROLLED, unroll_recurrent
@@ -90,7 +91,7 @@ class _Traced:
         g = GradBuilder(graph, builder.opset)
         wrt = [t.value for t in self.wrt]
         try:
-            grads = backprop(g, list(graph), {v: ct.value for v, ct in seeds.values()}, wrt)
+            grads = backprop(g, list(graph), {v: ct.value for v, ct in seeds.values()}, wrt, backwards(builder))
             self.unused = [i for i, w in enumerate(wrt) if w not in grads]
             results = [grads[w] if w in grads else g.zeros_like(w) for w in wrt]
         except GraphError as exc:

@@ -5,6 +5,7 @@ these inputs: a mapped shape, a mapped index into mapped data) sends the whole b
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -17,7 +18,7 @@ from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
 from graphc.model import SOURCE_KEY
 from graphc.passes.emit import AXES_AS_INPUT
-from graphc.passes.values import const_array, draws_random, static_shape
+from graphc.passes.values import AUTOGRAD_KEY, autograd_function_label, const_array, draws_random, static_shape
 
 __all__ = ["RAGGED", "RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "has_random", "hoist",
            "node_attrs", "only_first", "rank_of", "reemit", "rewrite", "shift_axis"]
@@ -89,6 +90,9 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         if id(node) not in batched:
             hoist(b.builder, node)
             continue
+        if (record := node.metadata_props.get(AUTOGRAD_KEY)) is not None:  # its backward binds the body's values
+            raise NoRule(f"the output of gc.autograd.Function {autograd_function_label(json.loads(record))}, whose "
+                         "backward runs per example in the Scan")
         inputs = [arg(v) for v in node.inputs]
         if node.op_type == "Constant" and "value" in node.attributes:  # known to the builder's inference
             args[id(node.outputs[0])] = Arg(ops.constant(node.attributes["value"].value.numpy()), False)

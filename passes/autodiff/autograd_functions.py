@@ -84,8 +84,7 @@ class Region:
             raise AutodiffError(
                 f"{self.where} lies on the path to the loss, but its backward {self.record['function']!r} is not "
                 "in this graph's model: gc.grad, gc.training.generate and the Trainer take it from the captured "
-                "model (gc.optimize at level 3 and the training artifacts drop it; gc.autograd.grad, "
-                "gc.autograd.functional, gc.func's transforms and gc.vmap inside a capture cannot use it)")
+                "model (gc.optimize at level 3 and the training artifacts drop it)")
         index = json.loads(marker.metadata_props[AUTOGRAD_KEY])["output"]
         if dy is not None:
             self.dys[index] = dy
@@ -107,8 +106,10 @@ class Region:
 def regions(nodes: Sequence[ir.Node], functions: Mapping[ir.OperatorIdentifier, ir.Function] | None
             ) -> dict[ir.Node, Region]:
     """Each marker among ``nodes`` mapped to its region: its values found by name in the marker's
-    graph, its backward in ``functions``."""
-    found: dict[str, Region] = {}
+    graph, its backward in ``functions``. The copies of one application (a loop body's unrolled
+    steps) bind their own values, and where they bind the same (values from outside the body), a
+    marker seen again starts the next copy's region."""
+    found: dict[tuple, Region] = {}
     out: dict[ir.Node, Region] = {}
     named: dict[str, ir.Value] | None = None
     for node in nodes:
@@ -116,11 +117,12 @@ def regions(nodes: Sequence[ir.Node], functions: Mapping[ir.OperatorIdentifier, 
         if text is None:
             continue
         record = json.loads(text)
-        region = found.get(record["function"])
-        if region is None:
+        key = (record["function"], *record["inputs"], "", *record["reads"])
+        region = found.get(key)
+        if region is None or record["output"] in region.markers:
             named = _named(node.graph) if named is None else named
             body = (functions or {}).get((AUTOGRAD_DOMAIN, record["function"], ""))
-            region = found[record["function"]] = Region(record, body, named)
+            region = found[key] = Region(record, body, named)
             # without its backward, a region is refused where the walk reaches it (``Region.backward``)
             region.inputs = [region.bound(name) for name in record["inputs"] if body is not None or name in named]
         region.markers[record["output"]] = node

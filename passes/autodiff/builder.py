@@ -8,7 +8,7 @@ and gives the driver ``sum_to``, which undoes broadcasting statically or with ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -133,6 +133,9 @@ class GradBuilder(Emitter):
         self.device = device
         self.nchwc = nchwc
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
+        # the model's functions, where a ``gc.autograd.Function``'s backward is (``core.backprop``), for
+        # the walks of the bodies the rules differentiate too
+        self.functions: Mapping[ir.OperatorIdentifier, ir.Function] | None = None
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
 
@@ -168,7 +171,7 @@ class GradBuilder(Emitter):
     def subgraph_builder(self, graph: ir.Graph) -> GradBuilder:
         """A builder appending to ``graph`` (an If branch) whose names cannot clash with ours."""
         child = GradBuilder(graph, self.opset, names=self._names, device=self.device, nchwc=self.nchwc)
-        child.scope = self.scope
+        child.scope, child.functions = self.scope, self.functions
         return child
 
     def require_opset(self, opset: int, what: str) -> None:

@@ -224,6 +224,9 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
 
     Returns the summed gradient of each ``wrt`` value that has a path (others are absent).
     """
+    if functions is None:  # a body a rule differentiates: the functions of the walk it is part of
+        functions = g.functions
+    g.functions = functions
     for node in nodes:
         for attr in node.attributes.values():
             for sub in ([attr.value] if attr.type == ir.AttributeType.GRAPH else

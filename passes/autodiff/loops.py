@@ -21,9 +21,9 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import folded_array, node_attrs
 from graphc.passes.emit import Emitter
 from graphc.passes.evaluate import run_node
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import AUTOGRAD_KEY, onnx_opset, rebind_autograd_copy
 
-__all__ = ["clone_body", "copy_graph", "copy_node", "lower_sequences", "unroll_static_loops"]
+__all__ = ["clone_body", "copy_graph", "copy_node", "fresh_names", "lower_sequences", "unroll_static_loops"]
 
 MAX_STEPS = 4096
 _SEQUENCE_BUILDERS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"})
@@ -170,6 +170,8 @@ def copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> N
     for old, new in zip(node.outputs, copy.outputs):
         new.name, new.type, new.shape = e.fresh(old.name or "v"), old.type, old.shape
         mapping[old] = new
+    if AUTOGRAD_KEY in copy.metadata_props:
+        rebind_autograd_copy(copy, {old.name: new.name for old, new in mapping.items() if old.name})
     e.graph.append(copy)
 
 
@@ -186,26 +188,40 @@ def clone_body(e: Emitter, body: ir.Graph, mapping: dict[ir.Value, ir.Value], sl
 
 def copy_graph(e: Emitter, graph: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> ir.Graph:
     """A clone of ``graph`` (nested subgraphs too) with fresh names throughout, reading
-    ``mapping``'s values in place of the keys it reads from outside."""
+    ``mapping``'s values in place of the keys it reads from outside (its Function markers bound to
+    the copies: ``fresh_names``)."""
     clone = graph.clone(allow_outer_scope_values=True)
+    names = {old.name: new.name for old, new in mapping.items() if old.name}
     stack = [clone]
     while stack:
         sub = stack.pop()
         for v in sub.inputs:
-            v.name = e.fresh(v.name or "v")
+            v.name = names[v.name] = e.fresh(v.name or "v")
         for inner in sub:
             inner.name = e.fresh(inner.op_type)
             for i, v in enumerate(inner.inputs):
                 if v in mapping:
                     inner.replace_input_with(i, mapping[v])
-            for out in inner.outputs:
-                out.name = e.fresh(out.name or "v")
+            fresh_names(e, inner, names)
             stack.extend(a.value for a in inner.attributes.values() if a.type == ir.AttributeType.GRAPH)
             stack.extend(g for a in inner.attributes.values() if a.type == ir.AttributeType.GRAPHS for g in a.value)
         for i, out in enumerate(sub.outputs):
             if out in mapping:
                 sub.outputs[i] = mapping[out]
     return clone
+
+
+def fresh_names(e: Emitter, node: ir.Node, names: dict[str, str], prefix: str | None = None) -> None:
+    """Fresh names for a copied ``node``'s outputs (``prefix`` or their own names as the base), each
+    recorded in ``names`` (old -> new); a ``gc.autograd.Function`` marker among the copies is bound to
+    the copies of its values, named there."""
+    for out in node.outputs:
+        fresh = e.fresh(prefix or out.name or "v")
+        if out.name:
+            names[out.name] = fresh
+        out.name = fresh
+    if AUTOGRAD_KEY in node.metadata_props:
+        rebind_autograd_copy(node, names)
 
 
 def lower_sequences(model: ir.Model) -> int:

@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, static_shape
-from graphc.passes.autodiff.loops import clone_body
+from graphc.passes.autodiff.loops import clone_body, fresh_names
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.reverse_mode import reverse_loop, reverse_scan
 from graphc.passes.autodiff.step_slices import StepSlices
@@ -27,9 +27,9 @@ def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Va
 
     clone = branch.clone(allow_outer_scope_values=True)
     sub = g.subgraph_builder(clone)
+    names: dict[str, str] = {}
     for node in clone:  # fresh names: the clone must not repeat the forward branch's names
-        for out in node.outputs:
-            out.name = sub.fresh("fwd")
+        fresh_names(sub, node, names, "fwd")
     seeds: dict[ir.Value, ir.Value] = {}
     for out, dy in zip(clone.outputs, dys):
         if dy is not None:  # an Identity in the branch takes this branch's output shape, not dy itself
