@@ -12,7 +12,9 @@ The driver (``core``) treats a region's markers as one node: a marker's output l
 when one of the region's ``inputs`` does, and the forward's own nodes, cut off by the detaches, get no
 gradient (their ops need no rule). At the region's last marker the walk reaches, the backward's body is
 copied in, reading each marker's gradient (zeros for one the loss does not reach, as torch passes) and the
-bound forward values; gradients of an input passed twice are summed. ``values.drop_autograd_functions``
+bound forward values; gradients of an input passed twice are summed. In a control-flow body the rules walk
+copies of the body, whose markers bind the copies' values (``loops.fresh_names``); ``GradBuilder.functions``
+holds the backwards for those walks. ``values.drop_autograd_functions``
 drops the functions from graphs no pass differentiates again (the training artifacts, inference exports);
 a model whose stop-gradient marks ``gc.optimize`` at level 3 dropped (the Functions' and ``gc.detach``'s)
 records them in its metadata (``DROPPED_MARKS_KEY``), and ``refuse_dropped`` refuses to differentiate it.
