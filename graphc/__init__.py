@@ -61,7 +61,7 @@ _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding"
 # torch-named functions (issue 12): graphc.dsl.ops_array's
 _ARRAY_OPS = (
     "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
-    "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos cat "
+    "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp rsqrt sin cos cat "
     "permute flip roll logsumexp var std"
 ).split()
 _MATH_OPS = ("square reciprocal neg sign floor ceil round trunc frac logaddexp logical_not logical_and logical_or "
@@ -84,7 +84,8 @@ _BINARY_OPS = ("add sub subtract mul multiply div divide true_divide floor_divid
 _ELEMENTWISE_OPS = ("tan sinh cosh asin acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh "
                     "log1p expm1 log2 log10 exp2 erfc erfinv sinc logit deg2rad rad2deg sgn signbit positive negative "
                     "absolute fix isneginf isposinf isreal clamp_min clamp_max").split()
-_SAMPLE_OPS = "rand randn randint rand_like randn_like randint_like randperm normal bernoulli multinomial".split()
+_SAMPLE_OPS = "randint randint_like randperm normal bernoulli multinomial".split()
+_COMPLEX_SAMPLE_OPS = "rand randn rand_like randn_like".split()  # real or complex dtypes
 _FACTORIES_OPS = ("eye linspace logspace range empty empty_like scalar_tensor tensor as_tensor asarray tril_indices "
                   "triu_indices meshgrid cartesian_prod combinations block_diag vander unravel_index tensordot "
                   "column_stack hstack vstack row_stack dstack concatenate result_type promote_types can_cast "
@@ -186,6 +187,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.refusals", op) for op in _REFUSED_OPS},
     **{op: ("graphc.dsl.complex_ops", op) for op in _COMPLEX_OPS},
     **{op: ("graphc.dsl.complex_ops", f"{op}_any") for op in _EITHER_OPS},
+    "pow": ("graphc.dsl.complex_pow", "pow_any"),
+    **{op: ("graphc.dsl.complex_random", f"{op}_any") for op in _COMPLEX_SAMPLE_OPS},
     "fft": ("graphc.dsl.fft", None),
     "compile": ("graphc.compile", None),  # the sub-package, callable as torch.compile
     "is_tensor": ("graphc.nn.parameter", "is_tensor"),

@@ -53,6 +53,18 @@ TRANSFORMS = {
     "rfftn": lambda m, a, b: m.fft.rfftn(a, norm="forward"),
     "irfftn_forward": lambda m, a, b: m.fft.irfftn(m.complex(a, b), norm="forward"),
     "irfftn_s_dims": lambda m, a, b: m.fft.irfftn(m.complex(a, b), s=(4, 7), dim=(0, 1)),
+    "hfft": lambda m, a, b: m.fft.hfft(m.complex(a, b)),
+    "hfft_n_odd_ortho": lambda m, a, b: m.fft.hfft(m.complex(a, b), n=9, dim=1, norm="ortho"),
+    "hfft_n_pad_forward_real": lambda m, a, b: m.fft.hfft(a, n=20, dim=0, norm="forward"),
+    "ihfft": lambda m, a, b: m.fft.ihfft(a),
+    "ihfft_crop_ortho": lambda m, a, b: m.fft.ihfft(a, n=5, dim=1, norm="ortho"),
+    "ihfft_pad_forward": lambda m, a, b: m.fft.ihfft(a, n=13, norm="forward"),
+    "hfft2_s_ortho": lambda m, a, b: m.fft.hfft2(m.complex(a, b), s=(5, 9), norm="ortho"),
+    "ihfft2_dims": lambda m, a, b: m.fft.ihfft2(a, s=(4, 7), dim=(0, 2)),
+    "hfftn_forward": lambda m, a, b: m.fft.hfftn(m.complex(a, b), norm="forward"),
+    "hfftn_s_dims": lambda m, a, b: m.fft.hfftn(m.complex(a, b), s=(4, 7), dim=(0, 1)),
+    "ihfftn_ortho": lambda m, a, b: m.fft.ihfftn(a, norm="ortho"),
+    "ihfftn_s": lambda m, a, b: m.fft.ihfftn(a, s=(5, 3, 9)),
     "fftshift": lambda m, a, b: m.fft.fftshift(m.complex(a, b), dim=(1, 2)),
     "ifftshift": lambda m, a, b: m.fft.ifftshift(a),
 }
@@ -256,9 +268,9 @@ def test_stft_return_complex_is_a_complex_tensor():
 @pytest.mark.parametrize("fn,match", [
     (lambda a, b: gc.relu(gc.complex(a, b)).real, "relu does not take complex Tensors"),
     (lambda a, b: gc.complex(a, b).sigmoid(), "sigmoid does not take complex Tensors"),
-    (lambda a, b: gc.complex(a, b) ** 2, "__pow__ does not take complex Tensors"),
-    (lambda a, b: gc.complex(a, b), "output 'output' is a complex Tensor"),
+    (lambda a, b: gc.complex(a, b) < 2, "__lt__ does not take complex Tensors"),
     (lambda a, b: gc.view_as_real(gc.fft.rfft(gc.complex(a, b))), "rfft expects a real input"),
+    (lambda a, b: gc.view_as_real(gc.fft.ihfft2(gc.complex(a, b))), "ihfft2 expects a real input"),
     (lambda a, b: gc.view_as_real(gc.fft.fft(a, norm="half")), "norm must be one of"),
     (lambda a, b: gc.view_as_real(gc.fft.fft(a, dim=0)), "size of dim 0 must be known"),
     (lambda a, b: gc.fft.fftshift(a), r"fft.fftshift: the size of dim 0 must be known .* got 'N'"),
@@ -268,7 +280,8 @@ def test_stft_return_complex_is_a_complex_tensor():
     (lambda a, b: a + gc.full((4,), 1.0, dtype=gc.complex128).real, "full makes a complex128"),
     (lambda a, b: a + gc.ones_like(a, dtype=gc.complex64).real, "ones_like makes a complex64"),
     (lambda a, b: gc.eye(4, dtype=gc.complex128).abs(), "eye makes a complex128"),
-    (lambda a, b: a + gc.randn(4, dtype=gc.complex128).real, "got complex128 .graphc draws no complex samples"),
+    (lambda a, b: a + gc.normal(0.0, 1.0, (4,), dtype=gc.complex128).real,
+     "got complex128 .graphc draws complex samples in rand, randn and their _like forms only"),
 ])
 def test_unsupported_complex_uses_are_capture_errors_naming_the_op(fn, match):
     with pytest.raises(gc.CaptureError, match=match):

@@ -299,7 +299,7 @@ def _part_dtype(dtype: Any) -> str | None:
 # -- gc.* names that take real or complex Tensors -------------------------------------------------------
 
 
-def _either(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Callable[..., Any]:
+def either_kind(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Callable[..., Any]:
     """``real_fn``, or ``complex_fn`` where an argument is complex."""
     @functools.wraps(real_fn)
     def fn(*args: Any, **kwargs: Any) -> Any:
@@ -309,7 +309,7 @@ def _either(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Call
     return fn
 
 
-def _by_dtype(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Callable[..., Any]:
+def by_complex_dtype(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Callable[..., Any]:
     """A factory: ``complex_fn(part dtype, ...)`` where ``dtype=`` (or a complex ``like``) is complex."""
     @functools.wraps(real_fn)
     def fn(*args: Any, dtype: Any = None, **kwargs: Any) -> Any:
@@ -322,26 +322,27 @@ def _by_dtype(real_fn: Callable[..., Any], complex_fn: Callable[..., Any]) -> Ca
     return fn
 
 
-zeros_any = _by_dtype(ops_array.zeros, lambda part, *size: ComplexTensor(pair=ops_array.zeros(*_sizes(size), 2,
-                                                                                         dtype=part)))
-ones_any = _by_dtype(ops_array.ones, lambda part, *size: of_parts(ops_array.ones(*_sizes(size), dtype=part), None))
-zeros_like_any = _by_dtype(ops_array.zeros_like, lambda part, x: of_parts(
+zeros_any = by_complex_dtype(ops_array.zeros, lambda part, *size: ComplexTensor(
+    pair=ops_array.zeros(*_sizes(size), 2, dtype=part)))
+ones_any = by_complex_dtype(ops_array.ones, lambda part, *size: of_parts(ops_array.ones(*_sizes(size), dtype=part),
+                                                                         None))
+zeros_like_any = by_complex_dtype(ops_array.zeros_like, lambda part, x: of_parts(
     ops_array.zeros_like(parts(x)[0] if isinstance(x, ComplexTensor) else x, dtype=part), None))
-exp_any = _either(ops.exp, exp)
-abs_any = _either(ops.abs, abs)
-sum_any = _either(ops.sum, sum)
-mean_any = _either(ops.mean, mean)
-matmul_any = _either(ops.matmul, complex_matmul)
-einsum_any = _either(ops_array.einsum, complex_einsum)
-real_any = _either(ops_aliases.real, real)
-imag_any = _either(ops_aliases.imag, imag)
-conj_any = _either(ops_aliases.conj, conj)
-angle_any = _either(ops_torch_misc.angle, angle)
-is_complex_any = _either(ops_aliases.is_complex, lambda x: True)
-add_any = _either(ops_binary.add, add)
-sub_any = _either(ops_binary.sub, sub)
-mul_any = _either(ops_binary.mul, mul)
-div_any = _either(ops_binary.div, div)
+exp_any = either_kind(ops.exp, exp)
+abs_any = either_kind(ops.abs, abs)
+sum_any = either_kind(ops.sum, sum)
+mean_any = either_kind(ops.mean, mean)
+matmul_any = either_kind(ops.matmul, complex_matmul)
+einsum_any = either_kind(ops_array.einsum, complex_einsum)
+real_any = either_kind(ops_aliases.real, real)
+imag_any = either_kind(ops_aliases.imag, imag)
+conj_any = either_kind(ops_aliases.conj, conj)
+angle_any = either_kind(ops_torch_misc.angle, angle)
+is_complex_any = either_kind(ops_aliases.is_complex, lambda x: True)
+add_any = either_kind(ops_binary.add, add)
+sub_any = either_kind(ops_binary.sub, sub)
+mul_any = either_kind(ops_binary.mul, mul)
+div_any = either_kind(ops_binary.div, div)
 # (graphc/__init__.py loads these ``<name>_any`` as ``gc.<name>``, in place of the real-only functions)
 
 
@@ -361,7 +362,7 @@ METHODS = {
     "real": property(real), "imag": property(imag), "conj": conj, "conj_physical": conj, "resolve_conj": conj,
     "abs": abs, "angle": angle, "exp": exp, "sum": sum, "mean": mean, "reshape": reshape, "view": reshape,
     "permute": permute, "transpose": transpose, "unsqueeze": unsqueeze, "detach": detach, "matmul": complex_matmul,
-    **{name: _refused(name) for name in ("__pow__", "__rpow__", "__lt__", "__le__", "__gt__", "__ge__",
+    **{name: _refused(name) for name in ("__lt__", "__le__", "__gt__", "__ge__",
                                          "__floordiv__", "__mod__", "__iter__", "__len__", "__index__")},
 }
 

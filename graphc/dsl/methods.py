@@ -172,11 +172,11 @@ def _defer_complex(name: str, method: Any) -> Any:
 
 
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-              "__matmul__", "__rmatmul__", "__eq__", "__ne__"):
+              "__matmul__", "__rmatmul__", "__eq__", "__ne__", "__pow__", "__rpow__"):
     METHODS[_name] = _defer_complex(_name, METHODS[_name])
 for _name, _method in METHODS.items():
     setattr(Tensor, _name, _method)
 for _name, _method in dim_sizes.DIM_NAME_OPERATORS.items():
     setattr(DimName, _name, _method)
 
-from graphc.dsl import complex_ops  # noqa: E402,F401 - binds ComplexTensor's operators and methods too
+from graphc.dsl import complex_ops, complex_pow  # noqa: E402,F401 - binds ComplexTensor's operators and methods too

@@ -39,7 +39,8 @@ def _fail(fn: str, operands: list, msg: str) -> CaptureError:
 def _float_dtype(fn: str, dtype: Any) -> Any:
     dt = as_dtype(dtype)
     if dt not in FLOAT_DTYPES:
-        why = "graphc draws no complex samples (torch does)" if dt in COMPLEX_PARTS else "torch refuses it too"
+        why = "graphc draws complex samples in rand, randn and their _like forms only" if dt in COMPLEX_PARTS \
+            else "torch refuses it too"
         raise _fail(fn, [], f"dtype must be a floating point type, got {dt} ({why})")
     return dt
 
