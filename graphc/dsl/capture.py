@@ -15,21 +15,34 @@ from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators befor
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
-from graphc.dsl.builder import Builder, raised_at, user_source
+from graphc.dsl.builder import Builder, raised_at
+from graphc.dsl.complex_ops import pair
 from graphc.dsl.tensor import ComplexTensor, Tensor
-from graphc.model.dtypes import TensorSpec, as_dtype
+from graphc.model.dtypes import COMPLEX_PARTS, TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
-from graphc.model import BUFFERS_KEY, Model
+from graphc.model import BUFFERS_KEY, Model, complex_io
 from graphc.nn.module import Module
 from graphc.version import PRODUCER, __version__
 
-def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
+def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None, bool]:
+    """The graph input's spec, its example array (None for a spec) and whether it is complex: a complex
+    one is its real pair (``graphc.model.complex_io``)."""
     if isinstance(value, TensorSpec):
-        return value.model_copy(update={"name": name}), None
-    if isinstance(value, np.ndarray) or np.isscalar(value):
+        sp, arr = value.model_copy(update={"name": name}), None
+    elif isinstance(value, np.ndarray) or np.isscalar(value):
         arr = np.asarray(value)
-        return TensorSpec(name=name, dtype=as_dtype(arr.dtype), shape=arr.shape), arr
-    raise CaptureError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, got {type(value).__name__}")
+        sp = TensorSpec(name=name, dtype=as_dtype(arr.dtype), shape=arr.shape)
+    else:
+        raise CaptureError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, "
+                           f"got {type(value).__name__}")
+    part = COMPLEX_PARTS.get(sp.dtype)
+    if part is None:
+        return sp, arr, False
+    if sp.shape is None:
+        raise CaptureError(f"capture input {name!r}: a complex input needs a known rank (its real pair adds a "
+                           f"trailing dim of 2), got {sp}")
+    held = TensorSpec(name=name, dtype=part, shape=(*sp.shape, 2))
+    return held, None if arr is None else np.stack([arr.real, arr.imag], -1), True
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):
@@ -89,7 +102,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     if not inputs:
         raise CaptureError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
     specs = {k: _as_spec(k, v) for k, v in inputs.items()}
-    eager = all(arr is not None for _, arr in specs.values())
+    eager = all(arr is not None for _, arr, _ in specs.values())
     if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
         fn_or_module = fn_or_module()
     module = fn_or_module if isinstance(fn_or_module, Module) else None
@@ -98,13 +111,15 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         training = bool(module is not None and module.training)
     builder = Builder(opset, training, eager, seed)
     graph_inputs, tensors = [], {}
-    for key, (sp, arr) in specs.items():
+    for key, (sp, arr, is_complex) in specs.items():
         value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
         graph_inputs.append(value)
         for axis, dim in enumerate(sp.shape or ()):
             if isinstance(dim, str):
                 builder.dim_sources.setdefault(dim, (value, axis))
         tensors[key] = Tensor(value, eager_value=arr)
+        if is_complex:
+            tensors[key] = ComplexTensor(pair=tensors[key])
         if arr is not None:
             builder.values[id(value)] = arr
     if module is not None:
@@ -120,13 +135,14 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
             raise
         except Exception as exc:  # noqa: BLE001 - the user's code raised it: say where, keep it as the cause
             raise CaptureError(f"{type(exc).__name__} in the captured code at {raised_at(exc)}: {exc}") from exc
-        outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
+        outputs, complex_outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
     inplace.mark_buffer_updates(builder)
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
     renorm.drop_unread(graph, builder.write_backs)
     model = ir.Model(graph, ir_version=10, producer_name=PRODUCER, producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
+    complex_io.record(model.metadata_props, [k for k, (_, _, c) in specs.items() if c], complex_outputs)
     if builder.buffers:
         model.metadata_props[BUFFERS_KEY] = ",".join(builder.buffers)
     for finish in builder.finishers.values():
@@ -148,7 +164,8 @@ def _modes(module: Module | None, training: bool):
             m.training = mode
 
 
-def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
+def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> tuple[list[ir.Value], list[str]]:
+    """The graph's outputs, and the names of the complex ones (each output as its real pair)."""
     if isinstance(result, (Tensor, ComplexTensor)):
         named = {"output": result}
     elif isinstance(result, dict):
@@ -158,12 +175,11 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
     else:
         raise CaptureError(f"the captured function must return a Tensor, a tuple or a dict of Tensors, "
                            f"got {type(result).__name__}")
-    values, seen = [], set()
+    values, seen, complex_outputs = [], set(), []
     for key, t in named.items():
         if isinstance(t, ComplexTensor):
-            raise CaptureError(f"output {key!r} is a complex Tensor ({t.type_str()}); graph outputs are real: return "
-                               f"gc.view_as_real(z) (its [..., 2] layout of real and imaginary parts), z.real or "
-                               f"z.abs() (at {user_source()})")
+            complex_outputs.append(str(key))
+            t = pair(t)
         if not isinstance(t, Tensor):
             raise CaptureError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
         value = t.value
@@ -173,4 +189,4 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
         seen.add(id(value))
         builder.rename_output(value, str(key))
         values.append(value)
-    return values
+    return values, complex_outputs

@@ -21,7 +21,7 @@ from graphc.backends.cancel import CancelToken
 from graphc.backends.registry import get_backend
 from graphc.backends.value_sized import ShapePrepass
 from graphc.errors import InputError
-from graphc.model import Model, load
+from graphc.model import Model, complex_io, load
 from graphc.model.dtypes import TensorSpec
 from graphc.runtime.feeds import optional_inputs, validate_feeds
 
@@ -64,6 +64,7 @@ class Session:
         self.outputs: list[TensorSpec] = self.model.outputs
         self.optional_inputs = optional_inputs(self.model)
         self._output_names = [s.name for s in self.outputs]
+        self.complex_inputs, self.complex_outputs = complex_io.complex_names(self.model.ir.metadata_props)
 
     # -- what the session is -------------------------------------------------------------------
     @property
@@ -96,7 +97,7 @@ class Session:
     # -- running ----------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
             cancel: CancelToken | None = None, max_tensor_bytes: int | None = None,
-            max_request_bytes: int | None = None) -> dict[str, np.ndarray]:
+            max_request_bytes: int | None = None, complex_pairs: bool = False) -> dict[str, np.ndarray]:
         """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all).
         ``cancel``: a ``graphc.backends.cancel.CancelToken`` another thread may cancel, which
         stops the run with ``RunCancelled`` (numpy: before the next node; onnxruntime: its
@@ -104,7 +105,12 @@ class Session:
         the feeds' values choose may take (``graphc.backends.value_sized``); past it the run
         raises ``TensorTooLarge`` before allocating it. ``max_request_bytes`` (with
         ``max_tensor_bytes``): the most bytes the main graph's tensors of known shape may hold at
-        once in such a model; past it, ``RequestTooLarge``."""
+        once in such a model; past it, ``RequestTooLarge``. A complex input (``complex_inputs``) takes a complex
+        array (or its ``[..., 2]`` real pair) and a complex output comes back complex (``graphc.model.complex_io``),
+        or as its pair with ``complex_pairs`` (serving's, whose protocol has no complex datatype)."""
+        if self.complex_inputs and isinstance(feeds, Mapping):
+            specs = {s.name: s for s in self.inputs}
+            feeds = {k: complex_io.to_pair(specs[k], v) if k in self.complex_inputs else v for k, v in feeds.items()}
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
         names = self._check_outputs(outputs)
@@ -115,7 +121,10 @@ class Session:
                 self._prepass.check(arrays, max_tensor_bytes, max_request_bytes, cones=not checks)
             if checks:
                 options["max_tensor_bytes"] = max_tensor_bytes
-        return self._executable.run(arrays, names, **options)
+        results = self._executable.run(arrays, names, **options)
+        if complex_pairs:
+            return results
+        return {k: complex_io.from_pair(v) if k in self.complex_outputs else v for k, v in results.items()}
 
     @property
     def unbounded_nodes(self) -> list[tuple[str, str]]:

@@ -146,7 +146,8 @@ class ServedModel:
         try:
             with self._locked(deadline) if self._lock is not None else contextlib.nullcontext():
                 results = self.session.run(request.inputs, outputs=wanted, cancel=deadline,
-                                           max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes)
+                                           max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes,
+                                           complex_pairs=True)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
         except TensorTooLarge as exc:

@@ -1,0 +1,93 @@
+"""Complex graph inputs and outputs (``graphc.model.complex_io``) against torch 2.13 in complex128/complex64, on
+the numpy backend and ort-cpu: captured from numpy complex example arrays and from complex ``gc.spec``s, the
+file's I/O the real ``[..., 2]`` pair (``onnx.checker`` full check), ``gc.Session.run`` taking and giving numpy
+complex arrays (or the pair), ``graphc run`` on a complex ``.npy``, and the feed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from cli_util import run_cli
+
+import graphc as gc
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+BACKENDS = ["numpy", "ort-cpu"]
+
+
+def _spectra(m, z, x):
+    """An STFT-fed model's shape of work: complex in, complex and real out."""
+    return {"mixed": m.fft.fft(z) * x, "power": (z * z.conj()).real, "onesided": m.fft.rfft(x)}
+
+
+def _example(dtype=np.complex128):
+    z = (RNG.standard_normal((3, 8)) + 1j * RNG.standard_normal((3, 8))).astype(dtype)
+    return z, RNG.standard_normal((3, 8)).astype(z.real.dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("given", ["arrays", "specs"])
+def test_complex_inputs_and_outputs_run_as_numpy_complex_arrays(given, backend, tmp_path):
+    z, x = _example()
+    inputs = {"z": z, "x": x} if given == "arrays" else \
+        {"z": gc.spec("complex128", ("N", 8)), "x": gc.spec(gc.float64, ("N", 8))}
+    model = gc.capture(lambda z, x: _spectra(gc, z, x), **inputs)
+    n = 3 if given == "arrays" else "N"
+    assert [str(s) for s in model.inputs] == [f"z: float64[{n},8,2]", f"x: float64[{n},8]"]
+    path = model.save(tmp_path / "spectra.onnx")
+    onnx.checker.check_model(str(path), full_check=True)
+    session = gc.Session(str(path), backend=backend)
+    assert (session.complex_inputs, session.complex_outputs) == ({"z"}, {"mixed", "onesided"})
+    got = session.run({"z": z, "x": x})
+    want = _spectra(torch, torch.from_numpy(z), torch.from_numpy(x))
+    for name, value in want.items():
+        assert got[name].dtype == value.numpy().dtype and got[name].shape == tuple(value.shape), name
+        np.testing.assert_allclose(got[name], value.numpy(), rtol=1e-12, atol=1e-12 * np.abs(value.numpy()).max())
+    pair = np.stack([z.real, z.imag], -1)
+    np.testing.assert_array_equal(session.run({"z": pair, "x": x})["mixed"], got["mixed"])
+    np.testing.assert_array_equal(session.run({"z": z, "x": x}, complex_pairs=True)["mixed"],
+                                  np.stack([got["mixed"].real, got["mixed"].imag], -1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex64_round_trips_as_complex64(backend):
+    z, _ = _example(np.complex64)
+    model = gc.capture(lambda z: gc.fft.ifft(z * 2j, norm="ortho"), z=gc.spec(gc.cfloat, (3, 8)))
+    got = gc.Session(model, backend=backend).run({"z": z})["output"]
+    want = torch.fft.ifft(torch.from_numpy(z) * 2j, norm="ortho").numpy()
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("feed,match", [
+    (lambda z: z.astype(np.complex128), r"expected z: complex64\[3,8\] \(held as the float32\[3,8,2\] real pair\), "
+                                        r"got complex128\[3,8\] \(cast it with .astype\(np.complex64\)\)"),
+    (lambda z: z.real, r"got the real float32\[3,8\]: feed a complex array or the pair"),
+    (lambda z: np.stack([z.real, z.imag], -1)[:, :4], "axis 1 has size 4, the model fixes it at 8"),
+])
+def test_a_wrong_complex_feed_is_an_input_error_naming_it(feed, match):
+    z, _ = _example(np.complex64)
+    session = gc.Session(gc.capture(lambda z: z.conj(), z=z), backend="numpy")
+    with pytest.raises(gc.InputError, match=match):
+        session.run({"z": feed(z)})
+
+
+def test_a_complex_spec_of_unknown_rank_is_refused():
+    with pytest.raises(gc.CaptureError, match="'z': a complex input needs a known rank"):
+        gc.capture(lambda z: z.real, z=gc.spec("complex64", None))
+
+
+def test_graphc_run_reads_and_writes_complex_arrays(capsys, tmp_path):
+    z, x = _example()
+    gc.capture(lambda z, x: _spectra(gc, z, x), z=z, x=x).save(tmp_path / "m.onnx")
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "x.npy", x)
+    result = run_cli(capsys, "run", tmp_path / "m.onnx", "-b", "ort-cpu", "-i", f"z={tmp_path / 'z.npy'}",
+                     "-i", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "out.npz")
+    assert result.code == 0, result.err
+    with np.load(tmp_path / "out.npz") as out:
+        assert out["mixed"].dtype == np.complex128
+        np.testing.assert_allclose(out["mixed"], np.fft.fft(z) * x, rtol=1e-12, atol=1e-12)
