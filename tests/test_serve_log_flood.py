@@ -37,22 +37,22 @@ def test_throttled_warning_tells_how_many_were_left_out(monkeypatch):
     left-out call's args and no traceback) with the count."""
     import logging
 
-    from graphc.serving.kserve import server
+    from graphc.serving.kserve import throttled_log
 
     clock = [100.0]
-    monkeypatch.setattr(server.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttled_log.time, "monotonic", lambda: clock[0])
     lines: list[str] = []
     logger = logging.getLogger("test_serve_log_flood")
     monkeypatch.setattr(logger, "warning", lambda msg, *a: lines.append(msg % a))
-    log = server.ThrottledLog(logger)
+    log = throttled_log.ThrottledLog(logger)
     for _ in range(5):
         log.warning("Bad %s.", "request")
     log.warning("Other.")
-    clock[0] += server.WARNING_INTERVAL + 1
+    clock[0] += throttled_log.WARNING_INTERVAL + 1
     log.warning("Bad %s.", "request")
     clock[0] += 2
     log.warning("Bad %s.", "reply", exc_info=True)
     log.flush()
     log.flush()  # nothing left to tell
-    assert lines == ["Bad request.", "Other.", f"Bad request. (4 more in the last {server.WARNING_INTERVAL + 1:.0f} s)",
+    assert lines == ["Bad request.", "Other.", f"Bad request. (4 more in the last {throttled_log.WARNING_INTERVAL + 1:.0f} s)",
                      "Bad reply. (1 more in the last 2 s)"], lines

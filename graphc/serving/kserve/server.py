@@ -13,10 +13,8 @@ import errno
 import functools
 import inspect
 import logging
-import math
 import socket
 import sys
-import time
 from typing import Any, Callable
 
 import uvicorn
@@ -25,6 +23,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from graphc.errors import ServeError
 from graphc.serving.kserve.connections import Connections, connection_cap
 from graphc.serving.kserve.protocol import error_body
+from graphc.serving.kserve.throttled_log import ThrottledLog
 
 DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
@@ -56,11 +55,6 @@ _REPLY_START = b"HTTP/1.1 "
 # after about 70 MB, 0.05 s on loopback.
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
-# Seconds between two logged warnings of one kind about what a client sent (uvicorn logs one line per
-# request its parser refuses: 42 bytes of log for an 11-byte request). Logged each time, 1,560 such
-# requests filled a 64 KiB stdout pipe its reader did not drain and the event loop blocked writing,
-# every connection with it.
-WARNING_INTERVAL = 60.0
 
 
 def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
@@ -362,42 +356,6 @@ def _tell_disconnected(cycle: Any) -> None:
     """The app running ``cycle`` reads a disconnect at its next ``receive()``."""
     cycle.disconnected = True
     cycle.message_event.set()
-
-
-class ThrottledLog:
-    """A logger whose warnings (what uvicorn's connections log about what a client sent: a request
-    its parser refuses, an upgrade it does not take) go out at most once per ``WARNING_INTERVAL``
-    seconds per message, with how many were left out since; ``flush`` (at shutdown) logs the
-    counts still untold; other calls pass through."""
-
-    def __init__(self, logger: logging.Logger):
-        self._logger = logger
-        # message -> (when logged, left out since, the last left-out call's args)
-        self._last: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
-
-    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        now = time.monotonic()
-        logged, left_out, _ = self._last.get(msg, (-math.inf, 0, ()))
-        if now - logged < WARNING_INTERVAL:
-            self._last[msg] = (logged, left_out + 1, args)
-            return
-        self._log(msg, now, logged, left_out, *args, **kwargs)
-
-    def flush(self) -> None:
-        """Log each message left out since it was last logged (its last args, no traceback), with
-        how many times."""
-        now = time.monotonic()
-        for msg, (logged, left_out, args) in list(self._last.items()):
-            if left_out:
-                self._log(msg, now, logged, left_out, *args)
-
-    def _log(self, msg: str, now: float, logged: float, left_out: int, *args: Any, **kwargs: Any) -> None:
-        self._last[msg] = (now, 0, ())
-        more = f" ({left_out} more in the last {now - logged:.0f} s)" if left_out else ""
-        self._logger.warning(f"{msg}{more}", *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._logger, name)
 
 
 class _Lingering:
