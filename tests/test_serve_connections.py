@@ -2,13 +2,16 @@
 answers a new client it has no room for with a 503. It ran out of descriptors: uvloop then accepts
 each new connection and closes it at once, so under ``ulimit -n 256`` 400 connections that sent
 nothing shut a well-behaved client out until the read timeout closed them (29.8 s at the default
-30 s)."""
+30 s). Clients that send a request line and then a header now and then (slowloris) are closed for
+new ones once their heads have been arriving for ``HEAD_TIMEOUT``: 400 of them held every
+connection for the read timeout, a new client getting a reset or a 503 each time."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import threading
 import time
 
 import httpx
@@ -92,12 +95,77 @@ def test_idle_connections_past_the_descriptor_limit_do_not_keep_a_new_client_out
         assert len(os.listdir(f"/proc/{proc.pid}/fd")) < LIMIT - 32, "the server ran up to its descriptor limit"
 
 
+def first_line(sock: socket.socket) -> bytes | None:
+    """The first line of what the server sent on ``sock`` before it closed it (b"" for nothing);
+    None while it is open."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096).split(b"\r\n", 1)[0]
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_clients_sending_their_headers_slowly_are_closed_for_a_new_client(model_file):
+    from graphc.serving.kserve.connections import HEAD_TIMEOUT
+
+    with serve_process(model_file, "--backend", "numpy", descriptors=LIMIT) as (proc, port):
+        baseline = descriptors(proc.pid)
+        slow = [connect(port) for _ in range(IDLE)]
+        for sock in slow:
+            sock.sendall(b"POST /v2/models/fixed/infer HTTP/1.1\r\n")
+        done = threading.Event()
+
+        def trickle() -> None:  # a header line on each every 0.2 s, each head never ending
+            for k in range(10_000):
+                for sock in slow:
+                    try:
+                        sock.sendall(b"X-%d: y\r\n" % k)
+                    except OSError:
+                        pass
+                if done.wait(0.2):
+                    return
+
+        sender = threading.Thread(target=trickle)
+        sender.start()
+        try:
+            time.sleep(HEAD_TIMEOUT + 0.2)  # the heads held are late now
+            peak = descriptors(proc.pid)
+            start = time.monotonic()
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}/v2", timeout=10) as client:
+                reply = client.post("/models/fixed/infer", json=json.loads(BODY))
+            served = time.monotonic() - start
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["outputs"][0]["data"] == [0.0, 2.0, 0.0, 4.0, 0.0, 6.0]
+            assert served < 1.0, f"the new client waited {served:.1f} s"
+            assert max(peak, descriptors(proc.pid)) < LIMIT - 32, "the server ran up to its descriptor limit"
+        finally:
+            done.set()
+            sender.join()
+        replies = [first_line(sock) for sock in slow]  # None: still open
+        closed = [line for line in replies if line is not None]
+        assert IDLE - CAP <= len(closed) < IDLE, len(closed)
+        assert set(closed) <= {b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 408 Request Timeout", b""}, set(closed)
+        assert b"HTTP/1.1 408 Request Timeout" in closed, "no slow head was closed for the new client"
+        for sock in slow:
+            sock.close()
+        deadline = time.monotonic() + 5
+        while descriptors(proc.pid) > baseline and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert descriptors(proc.pid) == baseline, f"{descriptors(proc.pid)} descriptors held, {baseline} before"
+
+
 def test_past_the_limit_with_no_connection_idle_a_new_client_gets_a_503_naming_it(model_file):
-    with serve_process(model_file, "--backend", "numpy", descriptors=LIMIT) as (_, port):
+    with serve_process(model_file, "--backend", "numpy", "--max-queue", "1000", descriptors=LIMIT) as (_, port):
         busy = [connect(port) for _ in range(CAP + 8)]
-        for sock in busy:
-            sock.sendall(HEAD)  # a request's head, half sent
-        time.sleep(1.0)  # the server has read them all
+        for sock in busy:  # a request's body, half sent: never closed for room
+            sock.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY[:10]))
+        time.sleep(1.5)  # the server has read them all, past HEAD_TIMEOUT
         with connect(port) as sock:
             sock.sendall(GET)
             reply = read_reply(sock)
@@ -105,11 +173,11 @@ def test_past_the_limit_with_no_connection_idle_a_new_client_gets_a_503_naming_i
         assert head.startswith(b"HTTP/1.1 503") and b"\r\nconnection: close" in head.lower(), head
         assert b"\r\nretry-after: 1" in head.lower(), head
         assert json.loads(body)["error"] == (f"the server holds the most connections its descriptor limit allows "
-                                             f"({CAP}), none idle; try again later")
+                                             f"({CAP}), none idle or late; try again later")
         answered = 0
-        for sock in busy:  # the held ones are answered; the rest got their 503 or were closed for room
+        for sock in busy:  # the held ones are answered; the rest got their 503
             try:
-                sock.sendall(b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+                sock.sendall(BODY[10:])
                 answered += read_reply(sock).startswith(b"HTTP/1.1 200")
             except (AssertionError, OSError):
                 pass
@@ -119,11 +187,14 @@ def test_past_the_limit_with_no_connection_idle_a_new_client_gets_a_503_naming_i
 
 
 class Conn:
-    def __init__(self, busy: bool = False):
-        self.busy, self.evicted = busy, False
+    def __init__(self, busy: bool = False, head_since: float | None = None):
+        self.busy, self.evicted, self.since = busy, False, head_since
 
     def idle(self) -> bool:
-        return not self.busy
+        return not self.busy and self.since is None
+
+    def head_since(self) -> float | None:
+        return self.since
 
     def evict(self) -> None:
         self.evicted = True
@@ -147,3 +218,17 @@ def test_past_the_cap_the_least_recently_active_idle_connection_is_closed():
     conns.closed(a)
     conns.closed(d)  # closed already for room: nothing to forget
     assert len(conns) == 2 and Connections(cap=None).opened(Conn())
+
+
+def test_past_the_cap_the_longest_late_head_is_closed_before_an_idle_connection():
+    from graphc.serving.kserve.connections import HEAD_TIMEOUT, Connections
+
+    now = time.monotonic()
+    conns = Connections(cap=4)
+    idle, young, late, later = Conn(), Conn(head_since=now), Conn(head_since=now - HEAD_TIMEOUT - 1), \
+        Conn(head_since=now - HEAD_TIMEOUT - 2)
+    for conn in (idle, young, late, later):
+        assert conns.opened(conn)
+    assert conns.opened(Conn()) and later.evicted and not (late.evicted or idle.evicted)
+    assert conns.opened(Conn()) and late.evicted and not idle.evicted
+    assert conns.opened(Conn()) and idle.evicted and not young.evicted  # a head within HEAD_TIMEOUT stays

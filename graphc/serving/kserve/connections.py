@@ -1,16 +1,19 @@
-"""How many connections a server holds open: below its process's descriptor limit, the
-longest-idle connection making room for each new one.
+"""How many connections a server holds open: below its process's descriptor limit, a late or idle
+connection making room for each new one.
 
 Every connection is a file descriptor. Once a process holds its ``RLIMIT_NOFILE``, uvloop (libuv)
 accepts each new connection and closes it at once: idle connections (a client that connected and
 sent nothing, or one between requests) shut new clients out until their deadlines close them, up to
 the read timeout (30 s by default). Holding connections below the limit, and closing the
-longest-idle one for each new connection past it, keeps a new client served.
+longest-idle one for each new connection past it, keeps a new client served. A client that sends its
+request line and then its headers a byte at a time (slowloris) is busy, not idle: one whose head
+has been arriving for ``HEAD_TIMEOUT`` seconds is closed first.
 """
 
 from __future__ import annotations
 
 import resource
+import time
 from collections import OrderedDict
 from typing import Protocol
 
@@ -18,10 +21,18 @@ from typing import Protocol
 # what the models' backends open), at most a quarter of the limit. graphc serve holds 14 besides its
 # connections with a model on numpy, 17 on ort-cpu.
 RESERVED_DESCRIPTORS = 64
+# Seconds a request's line and headers may take to arrive before, past the cap, the connection is
+# closed for a new one (ahead of idle ones). A client sends its head in one write, in one round trip
+# on any link; 400 slowloris clients under ``ulimit -n 256`` held every connection for the 30 s read
+# timeout, the other clients getting 503s or resets.
+HEAD_TIMEOUT = 1.0
 
 
 class Connection(Protocol):
     def idle(self) -> bool: ...
+
+    def head_since(self) -> float | None:
+        """When (``time.monotonic()``) its request's head began arriving; None if none is."""
 
     def evict(self) -> None: ...
 
@@ -49,8 +60,9 @@ def connection_cap() -> int | None:
 
 class Connections:
     """A server's open connections, least recently active first. Past ``cap``, each new one has
-    the longest-idle one closed (``evict``): one between requests, not one with a request arriving,
-    running or queued, or a reply still being written."""
+    one closed (``evict``): the one whose request's head has been arriving longest, if for
+    ``HEAD_TIMEOUT`` seconds, else the longest-idle one (between requests); never one whose
+    request's body is arriving, one running or queued, or a reply still being written."""
 
     def __init__(self, cap: int | None):
         self.cap = cap
@@ -65,16 +77,23 @@ class Connections:
         return self.admit(conn)
 
     def admit(self, conn: Connection) -> bool:
-        """Whether ``conn`` is within the cap, once the longest-idle other connection is closed if it
-        is not."""
+        """Whether ``conn`` is within the cap, once another connection is closed if it is not."""
         if self.cap is None or len(self._open) <= self.cap:
             return True
-        for other in self._open:
-            if other is not conn and other.idle():
-                del self._open[other]
-                other.evict()
-                return True
-        return False
+        victim = self._late_head(conn) or next((o for o in self._open if o is not conn and o.idle()), None)
+        if victim is None:
+            return False
+        del self._open[victim]
+        victim.evict()
+        return True
+
+    def _late_head(self, conn: Connection) -> Connection | None:
+        """The connection other than ``conn`` whose head has been arriving longest, if for
+        ``HEAD_TIMEOUT`` seconds."""
+        late = time.monotonic() - HEAD_TIMEOUT
+        heads = [(since, other) for other in self._open
+                 if other is not conn and (since := other.head_since()) is not None and since <= late]
+        return min(heads, key=lambda pair: pair[0])[1] if heads else None
 
     def active(self, conn: Connection) -> None:
         """``conn`` did something (received bytes, finished a reply): it is idle the least."""

@@ -15,13 +15,14 @@ import inspect
 import logging
 import socket
 import sys
+import time
 from typing import Any, Callable
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphc.errors import ServeError
-from graphc.serving.kserve.connections import Connections, connection_cap
+from graphc.serving.kserve.connections import HEAD_TIMEOUT, Connections, connection_cap
 from graphc.serving.kserve.protocol import error_body
 from graphc.serving.kserve.throttled_log import ThrottledLog
 
@@ -65,6 +66,8 @@ def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
 
 
 _TIMEOUT_REPLY = closing_reply(408, "request not received in time")
+_HEAD_LATE = closing_reply(408, f"the request line and headers took over {HEAD_TIMEOUT:g} s while the server holds "
+                                   f"the most connections its descriptor limit allows")
 _HEAD_TOO_LARGE = closing_reply(431, f"the request line and headers (trailers included) exceed the server's limit "
                                         f"of {MAX_HEAD_BYTES} bytes")
 
@@ -89,8 +92,8 @@ class DeadlineProtocol(HttpToolsProtocol):
     out of the reply when it is written (``_Lingering.write``): after its nine probes (4 s) it is
     not probed again, so a client that half-closed and closes later runs on.
     A connection closed while a request is still arriving lingers (``LINGER_SECONDS``, above).
-    Past ``connections``' cap a new connection has the longest-idle one closed; with none idle, its
-    first request gets a 503 and it closes."""
+    Past ``connections``' cap a new connection has a late or idle one closed; with none, its first
+    request gets a 503 and it closes at once."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT,
                  log: ThrottledLog, connections: Connections, **kwargs: Any):
@@ -111,6 +114,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._peer_probe: asyncio.TimerHandle | None = None  # after a FIN, while a reply is due
         self._ahead = 0  # bytes of _REPLY_START sent as HTTP/1.0 probes, left out of the next write
         self._arriving = False  # a request has begun and not ended: more of it may come
+        self._head_since = 0.0  # when the newest request's first byte came (time.monotonic())
         self._linger: asyncio.TimerHandle | None = None  # ends the linger after a close (LINGER_SECONDS)
         self._dropped = 0  # bytes read and dropped while lingering
         self._raw: asyncio.Transport = None  # type: ignore[assignment]  # uvicorn's is _Lingering(_raw)
@@ -123,18 +127,31 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def idle(self) -> bool:
         """Between requests: none arriving, running or queued, no reply being written or closing."""
-        return not (self._arriving or self._answering() or self._deferred is not None
-                    or self.transport.is_closing() or self._raw.get_write_buffer_size())
+        return not self._arriving and self._quiet()
+
+    def head_since(self) -> float | None:
+        """When the request whose head is arriving began, with no reply due ahead of it; else None."""
+        return self._head_since if self._arriving and not self._in_body and self._quiet() else None
+
+    def _quiet(self) -> bool:
+        """No request running or queued, no reply due or being written, not closing."""
+        return not (self._answering() or self._deferred is not None or self.transport.is_closing()
+                    or self._raw.get_write_buffer_size())
 
     def evict(self) -> None:
-        """Close this idle connection to make room for a new one (``Connections``)."""
-        self.logger.warning("closing the longest-idle connections for new ones: %d open, the most the descriptor "
-                            "limit leaves room for", len(self._connections))
+        """Close this connection, idle or late in its head (a 408), for a new one (``Connections``):
+        at once, no linger, as the descriptor is what the new one needs."""
+        late = self.head_since() is not None
+        self.logger.warning(f"closing the {'connections late in their headers' if late else 'longest-idle connections'} "
+                            f"for new ones: %d open, the most the descriptor limit leaves room for",
+                            len(self._connections))
+        if late:
+            self._raw.write(_HEAD_LATE)
         self._raw.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arriving = True
+        self._arriving, self._head_since = True, time.monotonic()
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
@@ -225,11 +242,11 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._connections.active(self)
         if self._over_cap:
             self._over_cap = False
-            if not self._connections.admit(self):  # refused unread, as a 413 from its head is (a linger)
-                self._arriving = True
-                self._reply_and_close(closing_reply(503, f"the server holds the most connections its descriptor "
-                                                         f"limit allows ({self._connections.cap}), none idle; "
-                                                         f"try again later", b"retry-after: 1\r\n"))
+            if not self._connections.admit(self):  # refused unread, closed at once: no linger past the cap
+                self._raw.write(closing_reply(503, f"the server holds the most connections its descriptor limit "
+                                                   f"allows ({self._connections.cap}), none idle or late; try again later",
+                                              b"retry-after: 1\r\n"))
+                self._raw.close()
                 return
         body_before, self._completed = self._body_bytes, False
         super().data_received(data)
