@@ -21,7 +21,9 @@ import pytest
 from serve_util import fixed_model, read_reply, serve_process
 
 LIMIT = 256  # the server's RLIMIT_NOFILE
-CAP = LIMIT - 64  # the connections it holds: connections.RESERVED_DESCRIPTORS kept for the rest
+# The connections it holds: the limit less the 4 descriptors open when it is configured (stdin,
+# stdout, stderr, the listening socket) and connections.HEADROOM_DESCRIPTORS.
+CAP = LIMIT - 4 - 32
 IDLE = 400
 GET = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 3],
@@ -65,6 +67,22 @@ def still_open(socks: list[socket.socket]) -> int:
     return count
 
 
+def first_line(sock: socket.socket) -> bytes | None:
+    """The first line of what the server sent on ``sock`` before it closed it (b"" for nothing);
+    None while it is open."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096).split(b"\r\n", 1)[0]
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def infer(sock: socket.socket) -> bytes:
     sock.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
     return read_reply(sock)
@@ -92,23 +110,7 @@ def test_idle_connections_past_the_descriptor_limit_do_not_keep_a_new_client_out
         assert read_reply(arriving).startswith(b"HTTP/1.1 200"), "a request still arriving was closed for room"
         held = still_open(idle)
         assert held <= CAP - 2, f"{held} idle connections held past the cap of {CAP}"
-        assert len(os.listdir(f"/proc/{proc.pid}/fd")) < LIMIT - 32, "the server ran up to its descriptor limit"
-
-
-def first_line(sock: socket.socket) -> bytes | None:
-    """The first line of what the server sent on ``sock`` before it closed it (b"" for nothing);
-    None while it is open."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(4096).split(b"\r\n", 1)[0]
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-def descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+        assert descriptors(proc.pid) < LIMIT - 8, "the server ran up to its descriptor limit"
 
 
 def test_clients_sending_their_headers_slowly_are_closed_for_a_new_client(model_file):
@@ -143,7 +145,7 @@ def test_clients_sending_their_headers_slowly_are_closed_for_a_new_client(model_
             assert reply.status_code == 200, reply.text
             assert reply.json()["outputs"][0]["data"] == [0.0, 2.0, 0.0, 4.0, 0.0, 6.0]
             assert served < 1.0, f"the new client waited {served:.1f} s"
-            assert max(peak, descriptors(proc.pid)) < LIMIT - 32, "the server ran up to its descriptor limit"
+            assert max(peak, descriptors(proc.pid)) < LIMIT - 8, "the server ran up to its descriptor limit"
         finally:
             done.set()
             sender.join()
@@ -232,3 +234,23 @@ def test_past_the_cap_the_longest_late_head_is_closed_before_an_idle_connection(
     assert conns.opened(Conn()) and later.evicted and not (late.evicted or idle.evicted)
     assert conns.opened(Conn()) and late.evicted and not idle.evicted
     assert conns.opened(Conn()) and idle.evicted and not young.evicted  # a head within HEAD_TIMEOUT stays
+
+
+def test_the_cap_leaves_room_for_the_descriptors_the_process_holds(tmp_path):
+    """The reserve is what is open when the server is configured plus HEADROOM_DESCRIPTORS: a
+    process that holds more files of its own gets a smaller cap (a fixed 64 did not change)."""
+    import resource
+
+    from graphc.serving.kserve.connections import HEADROOM_DESCRIPTORS, connection_cap, open_descriptors
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        pytest.skip("no descriptor limit")
+    before = connection_cap()
+    assert before == soft - open_descriptors() - HEADROOM_DESCRIPTORS
+    files = [open(tmp_path / f"f{i}", "w") for i in range(100)]
+    try:
+        assert connection_cap() == before - 100
+    finally:
+        for f in files:
+            f.close()

@@ -12,15 +12,20 @@ has been arriving for ``HEAD_TIMEOUT`` seconds is closed first.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections import OrderedDict
 from typing import Protocol
 
-# Descriptors kept for everything but connections (the listening socket, the event loop's, logs,
-# what the models' backends open), at most a quarter of the limit. graphc serve holds 14 besides its
-# connections with a model on numpy, 17 on ort-cpu.
-RESERVED_DESCRIPTORS = 64
+# Descriptors kept for what the process opens once it is configured, beyond those open then (the
+# models' files, read and closed by then, the listening socket, logs): the event loop's own (10 with
+# uvloop), a module imported lazily, connections closed but not yet released (2 at most measured
+# under 400 reconnecting clients). Models hold none once loaded: graphc serve holds 14 descriptors
+# besides its connections on numpy with one model or the 14 of tests/data/zoo, 17 on ort-cpu (its
+# telemetry database). A fixed reserve of 64 kept 47 of 256 unused, and was too few for a process
+# that holds more files of its own when it serves an app (``serve_app``).
+HEADROOM_DESCRIPTORS = 32
 # Seconds a request's line and headers may take to arrive before, past the cap, the connection is
 # closed for a new one (ahead of idle ones). A client sends its head in one write, in one round trip
 # on any link; 400 slowloris clients under ``ulimit -n 256`` held every connection for the 30 s read
@@ -49,13 +54,21 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
+def open_descriptors() -> int:
+    """How many descriptors this process holds (Linux's ``/proc/self/fd``, else ``/dev/fd``)."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        if os.path.isdir(listing):
+            return len(os.listdir(listing)) - 1  # less the listing's own
+    raise OSError("neither /proc/self/fd nor /dev/fd lists this process's descriptors")
+
+
 def connection_cap() -> int | None:
-    """The most connections this process may hold: its soft ``RLIMIT_NOFILE`` less
-    ``RESERVED_DESCRIPTORS`` (at most a quarter of it); None when the limit is infinite."""
+    """The most connections this process may hold: its soft ``RLIMIT_NOFILE`` less the
+    descriptors it holds now and ``HEADROOM_DESCRIPTORS``; None when the limit is infinite."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return None
-    return max(1, soft - min(RESERVED_DESCRIPTORS, soft // 4))
+    return max(1, soft - open_descriptors() - HEADROOM_DESCRIPTORS)
 
 
 class Connections:
