@@ -436,3 +436,29 @@ def test_a_concat_of_permuted_slices_gets_the_inverse_permutation(case, extra_us
         np.testing.assert_allclose(run(proto, {})["x_grad"], want, rtol=1e-12, atol=1e-12, err_msg=run.__name__)
     pads = sum(n.op_type == "Pad" for n in proto.graph.node)
     assert pads == (extra_use if permuted else len(blocks)), [n.op_type for n in proto.graph.node]
+
+
+@pytest.mark.parametrize("loss", ["sum", "mean", "scaled", "swapped"])
+@pytest.mark.parametrize("batch", [None, 4])
+def test_a_sums_gradient_handed_to_two_products_of_one_param(loss, batch):
+    """loss = reduce(a*x + a*(x+1)): the Add hands the reduction's broadcast gradient to both Muls,
+    and the first reads it unexpanded. The Expand stays for the second (it was removed at once, and
+    the second Mul read a value no node made); x as [3] (a's shape) or [4, 3]."""
+    reduce = {"sum": lambda t: t.sum(), "mean": lambda t: t.mean(), "scaled": lambda t: t.sum() * 2,
+              "swapped": lambda t: t.sum()}[loss]
+
+    class Twice(graphc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = graphc.nn.Parameter(graphc.tensor(RNG.standard_normal(3)))
+
+        def forward(self, x):
+            return reduce(self.a * x + ((x + 1) * self.a if loss == "swapped" else self.a * (x + 1)))
+
+    x = RNG.standard_normal((3,) if batch is None else (batch, 3))
+    model = graphc.capture(Twice(), x=x)
+    proto = graphc.grad(model, "output").proto
+    got = run_numpy(proto, {"x": x})["a_grad"]
+    ref = {"sum": 1.0, "mean": 1 / x.size, "scaled": 2.0, "swapped": 1.0}[loss] * (2 * x + 1)
+    np.testing.assert_allclose(got, ref.reshape(-1, 3).sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(run_ort(proto, {"x": x})["a_grad"], got, rtol=1e-12)

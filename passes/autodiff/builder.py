@@ -138,6 +138,8 @@ class GradBuilder(Emitter):
         self.functions: Mapping[ir.OperatorIdentifier, ir.Function] | None = None
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
+        # Expands ``_unexpanded`` read around; removed once the walk ends (``drop_unread_expands``)
+        self.unread_expands: list[ir.Node] = []
 
     def broadcast_from(self, dx: ir.Value, shape: StaticShape | None) -> ir.Value:
         """Mark ``dx`` as a gradient in the broadcast shape ``shape`` (None: known at run time
@@ -342,8 +344,17 @@ class GradBuilder(Emitter):
                     or (made_by is not None and made_by.op_type == "Shape" and not made_by.attributes
                         and static_shape(made_by.inputs[0]) == shape)):
                 out[i] = expand.inputs[0]
-                expand.graph.remove(expand, safe=True)
+                self.unread_expands.append(expand)
         return out
+
+    def drop_unread_expands(self) -> None:
+        """Remove the Expands ``_unexpanded`` read around that nothing came to read. Not at once: a
+        rule may hand one gradient to several inputs (an Add's ``dy`` to both ``a*x`` and ``a*y``),
+        so the Expand can still have a reader to come when the first reads around it."""
+        for expand in self.unread_expands:
+            if expand.graph is not None and not any(o.uses() or o.is_graph_output() for o in expand.outputs):
+                expand.graph.remove(expand, safe=True)
+        self.unread_expands.clear()
 
     # -- sequences -----------------------------------------------------------------------------
     def seq_map(self, fn, *seqs: ir.Value, dtype: ir.DataType | None = None) -> ir.Value:

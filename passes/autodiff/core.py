@@ -292,6 +292,7 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         dw = take(w)
         if dw is not None:
             out[w] = dw
+    g.drop_unread_expands()
     return out
 
 
