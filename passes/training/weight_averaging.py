@@ -20,18 +20,23 @@ whose names the spec's ``fn`` takes:
 
 Buffers are averaged so with ``use_buffers``; without, each update copies them (torch's "keep the
 buffers in sync"). Frozen params are constants: their average is themselves.
+
+``averaging_graph(...)``: the same nodes as a graph of their own, which the Trainers that step by
+the update graph (``accumulate=k``, data-parallel workers) run right after it, once an optimizer step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.passes.emit import Emitter
-from graphc.passes.training.artifacts import STEP, Built, Output
+from graphc.passes.training import broadcasts
+from graphc.passes.training.artifacts import STEP, Built, Output, tidy
 from graphc.passes.training.graph_outputs import by_name, expose, input_with_default
 from graphc.passes.training.loss_scaling import SKIPPED
 from graphc.passes.values import onnx_opset
@@ -40,7 +45,7 @@ PREFIX = "averaged."
 COUNT = PREFIX + "n_averaged"
 FNS = ("ema_multi", "ema", "swa_multi", "swa")
 
-__all__ = ["COUNT", "FNS", "PREFIX", "add", "averaged_names"]
+__all__ = ["COUNT", "FNS", "PREFIX", "add", "averaged_names", "averaging_graph"]
 
 
 def averaged_names(built_roles: Mapping[str, str], eval_roles: Mapping[str, str]) -> list[str]:
@@ -62,26 +67,66 @@ def add(built: Built, spec: Mapping) -> list[str]:
                         f"{taken or [COUNT]}; rename that module")
     b = Emitter(graph, onnx_opset(graph, 0), "averaging")
     count = input_with_default(graph, COUNT, np.array(0, np.int64))
-    t = b.op("Add", _calls(b, graph, inputs), b.const(1, np.int64))
-    after = b.op("Sub", t, b.const(int(spec["start"]), np.int64))
-    due = b.op("And", b.op("Greater", after, b.const(0, np.int64)),
-               b.op("Equal", b.op("Mod", after, b.const(int(spec["every"]), np.int64)), b.const(0, np.int64)))
-    first = b.op("Equal", count, b.const(0, np.int64))
-    added, outs = [], {v.name: v for v in graph.outputs}  # by_name scans every node: once, not once a name
+    calls = b.op("Add", _calls(b, graph, inputs), b.const(1, np.int64))
+    outs = {v.name: v for v in graph.outputs}  # by_name scans every node: once, not once a name
+    copies = ((name, inputs[name] == "param", input_with_default(graph, PREFIX + name, _held(built, name)),
+               outs[f"{name}.next"] if f"{name}.next" in outs else by_name(graph, f"{name}.next")) for name in names)
+    added = [Output(name, "state", name[: -len(".next")]) for name in _updates(b, graph, spec, calls, count, copies)]
     for name in names:
-        old = input_with_default(graph, PREFIX + name, _held(built, name))
-        new = outs[f"{name}.next"] if f"{name}.next" in outs else by_name(graph, f"{name}.next")
-        averaged = _formula(b, spec, old, new, count) if inputs[name] == "param" or spec["use_buffers"] else new
-        value = b.op("Where", due, b.op("Where", first, new, averaged) if averaged is not new else new, old)
-        added.append(Output(expose(graph, value, f"{PREFIX}{name}.next", like=old), "state", PREFIX + name))
         built.state[PREFIX + name] = np.array(built.state[name], copy=True)
-    counted = b.op("Add", count, b.op("Cast", due, to=ir.DataType.INT64))
-    added.append(Output(expose(graph, counted, f"{COUNT}.next", like=count), "state", COUNT))
     built.state[COUNT] = np.array(0, np.int64)
     graph.sort()
     inputs.update({o.feeds: "state" for o in added})
     outputs.update({o.name: "state" for o in added})
     built.feeds.update({o.name: o.feeds for o in added})
+    return names
+
+
+def averaging_graph(opset: int, spec: Mapping, tensors: Sequence[ir.Value], params: Collection[str],
+                    skipped: bool) -> ir.Model:
+    """The averaging of ``spec`` as a graph of its own, run right after an optimizer step made by
+    other graphs (``accumulate=k``'s and data-parallel workers' update): inputs ``tensors`` (typed
+    values named as the averaged params, ``params``, and buffers: their values after the step), each
+    one's copy ``averaged.<name>``, ``COUNT``, and ``STEP`` (and with ``skipped``, loss scaling's
+    ``SKIPPED``) after the step, whose sum is the calls made, this one's included; outputs the copies'
+    and the count's ``.next``, the same nodes as train_step's."""
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="averaging")
+    b = Emitter(graph, opset, "averaging")
+    count = _typed_input(graph, COUNT, ir.DataType.INT64, ())
+    calls = _typed_input(graph, STEP, ir.DataType.INT64, ())
+    if skipped:
+        calls = b.op("Add", calls, _typed_input(graph, SKIPPED, ir.DataType.INT64, ()))
+    copies = ((v.name, v.name in params, _typed_input(graph, PREFIX + v.name, v.dtype, v.shape),
+               _typed_input(graph, v.name, v.dtype, v.shape)) for v in tensors)
+    _updates(b, graph, spec, calls, count, copies)
+    broadcasts.rank_scalars(graph, opset)
+    model = ir.Model(graph, ir_version=10)
+    tidy(model)
+    return model
+
+
+def _typed_input(graph: ir.Graph, name: str, dtype: ir.DataType, shape: Any) -> ir.Value:
+    value = ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+    graph.inputs.append(value)
+    return value
+
+
+def _updates(b: Emitter, graph: ir.Graph, spec: Mapping, calls: ir.Value, count: ir.Value,
+             copies: Iterable[tuple[str, bool, ir.Value, ir.Value]]) -> list[str]:
+    """The averaged copies' update at train_step call ``calls`` (1 for the first), exposed as
+    ``averaged.<name>.next`` and ``COUNT.next``; returns those names. ``copies``: (name, whether it
+    is a param, its copy's value, its value after the step)."""
+    after = b.op("Sub", calls, b.const(int(spec["start"]), np.int64))
+    due = b.op("And", b.op("Greater", after, b.const(0, np.int64)),
+               b.op("Equal", b.op("Mod", after, b.const(int(spec["every"]), np.int64)), b.const(0, np.int64)))
+    first = b.op("Equal", count, b.const(0, np.int64))
+    names = []
+    for name, param, old, new in copies:
+        averaged = _formula(b, spec, old, new, count) if param or spec["use_buffers"] else new
+        value = b.op("Where", due, b.op("Where", first, new, averaged) if averaged is not new else new, old)
+        names.append(expose(graph, value, f"{PREFIX}{name}.next", like=old))
+    counted = b.op("Add", count, b.op("Cast", due, to=ir.DataType.INT64))
+    names.append(expose(graph, counted, f"{COUNT}.next", like=count))
     return names
 
 
