@@ -232,8 +232,6 @@ def test_refusals_name_the_problem():
         plain.evaluate(_batches(1)[0], averaged=True)
     with pytest.raises(ArtifactsError, match="no averaged weights"):
         swa.update_bn(_batches(1), plain)
-    with pytest.raises(NotImplementedError, match="accumulate"):
-        gc.Trainer(_arts(net, swa.AveragedModel()), backend="numpy", accumulate=2)
 
 
 def test_graphs_without_averaging_are_unchanged():

@@ -24,7 +24,10 @@ sums are saved) and a resume replays the same groups; checkpoints record ``k``
 (``CheckpointMeta.accumulate``), and a full resume with another ``k`` is refused
 (``resume_rules.check_accumulate``). With ``max_grad_norm``, ``History.step_grad_norms`` holds
 each optimizer step's accumulated gradient norm before clipping (torch's ``clip_grad_norm_``
-return). Not here: ``cuda_graph``, embeddings with ``max_norm`` and SyncBatchNorm (all refused).
+return). Weight averaging (generate's ``averaged=``) runs once per optimizer step, right after
+the update (``weight_averaging.AfterUpdate``), on the params and BatchNorm statistics after all
+``k`` micro-batches, as torch's ``ema.update_parameters(model)`` after ``optimizer.step()``.
+Not here: ``cuda_graph``, embeddings with ``max_norm`` and SyncBatchNorm (all refused).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from graphc.runtime import averaging, metrics as metrics_lib
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
-from graphc.runtime.weight_averaging import refuse_without_train_step
+from graphc.runtime.weight_averaging import AfterUpdate
 
 __all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "counting", "micro_batches"]
 
@@ -141,8 +144,6 @@ class AccumulatingTrainer(Trainer):
                              "the gradients and update graphs); leave out one of them")
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard, k)
-        refuse_without_train_step(self.manifest, f"accumulate={k} (gradients and update graphs)",
-                                  f"step a plain gc.Trainer (no accumulate=) on batches {k} times larger")
         self.manifest = m = self.manifest.in_model_order()  # what the gradients and update graphs take
         check_accumulable(m, self.artifacts.gradients.proto, k)
         self._backend = get_backend(backend)
@@ -165,6 +166,7 @@ class AccumulatingTrainer(Trainer):
         by_name = {e.name: e for e in entries.outputs}
         self._grad_types = [(n, to_onnx(by_name[n].dtype), by_name[n].shape) for n in self._grad_names]
         self._accumulate = self._backend.prepare(accumulate_graph(self._grad_types, m.opset), **self._options)
+        self._averaging = None if m.averaging is None else AfterUpdate(m, self._backend, self._options)
         narrow = narrow_graph(self._grad_types, m.opset)  # half-float sums back to the gradients' type
         self._narrow = None if narrow is None else self._backend.prepare(narrow, **self._options)
         # device buffers written in every step (``run_bound``'s into): the gradients graph's, and two
@@ -259,6 +261,8 @@ class AccumulatingTrainer(Trainer):
         host, device = self._train.run_bound(feeds, [self._grad_norm] if self._grad_norm else [], self._update_outputs)
         for out in self._update_outputs:
             state[out[: -len(".next")]] = device[out]
+        if self._averaging is not None:  # torch's optimizer.step(); averaged.update_parameters(model)
+            self._averaging.run(state)
         self._step_outputs = host
         self._in_model_order = {}
         self.step_count += 1

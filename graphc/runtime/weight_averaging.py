@@ -1,5 +1,6 @@
 """The Trainer's side of weight averaging (``gc.optim.swa_utils``): which carried tensors hold
-the averaged copy, the copy as the params and buffers the eval graph and export take, and
+the averaged copy, the copy as the params and buffers the eval graph and export take, the
+averaging run after an optimizer step that train_step does not make (``AfterUpdate``), and
 ``update_bn``'s pass over the data (``recount_batchnorms``)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 
 from graphc.errors import ArtifactsError
 
-__all__ = ["averaged_names", "as_model", "recount_batchnorms", "refuse_without_train_step"]
+__all__ = ["AfterUpdate", "averaged_names", "as_model", "recount_batchnorms", "refuse_without_train_step"]
 
 
 def averaged_names(manifest: Any) -> list[str]:
@@ -35,6 +36,37 @@ def refuse_without_train_step(manifest: Any, how: str, instead: str) -> None:
     if manifest.averaging is not None:
         raise NotImplementedError(f"weight averaging (generate's averaged=) runs inside train_step, which {how} "
                                   f"does not run; {instead}, or generate without averaged=")
+
+
+class AfterUpdate:
+    """train_step's averaging as a graph of its own (``weight_averaging.averaging_graph``), prepared
+    on ``backend`` for ``manifest`` (in the model's order), which the Trainers that step by the
+    update graph (``accumulate=k``, data-parallel workers) run once after each optimizer step: the
+    copies and their count advance once a step, by the schedule train_step's follow (its calls,
+    loss scaling's skipped ones too)."""
+
+    def __init__(self, manifest: Any, backend: Any, options: Mapping[str, Any]):
+        import onnx_ir as ir
+
+        from graphc.model.dtypes import to_onnx
+        from graphc.passes.training.loss_scaling import SKIPPED
+        from graphc.passes.training.weight_averaging import averaging_graph
+
+        entries = {e.name: e for e in manifest.graphs["train_step"].inputs}
+        tensors = [ir.Value(name=n, type=ir.TensorType(ir.DataType(to_onnx(entries[n].dtype))),
+                            shape=None if entries[n].shape is None else ir.Shape(entries[n].shape))
+                   for n in averaged_names(manifest)]
+        params = {v.name for v in tensors if entries[v.name].role == "param"}
+        proto = ir.to_proto(averaging_graph(manifest.opset, manifest.averaging, tensors, params, SKIPPED in entries))
+        self._exe = backend.prepare(proto, **options)
+        self._inputs = [v.name for v in proto.graph.input]
+        self._outputs = [v.name for v in proto.graph.output]
+
+    def run(self, state: dict[str, Any]) -> None:
+        """Advance the copies in ``state`` (the carried tensors after the step, by name), in place."""
+        _, device = self._exe.run_bound({n: state[n] for n in self._inputs}, (), self._outputs)
+        for out in self._outputs:
+            state[out[: -len(".next")]] = device[out]
 
 
 def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]) -> None:
