@@ -2,8 +2,8 @@
 reach, against torch 2.13's ``AveragedModel.update_parameters`` (float64, numpy and ort-cpu):
 conv weights train_step holds in another axis order (``Manifest.orders``, fused and per-param
 updates; torch's SWA + ``update_bn`` recipe through a checkpoint to the export) and loss scaling's
-skipped steps (torch's ``scaler.step(opt); scaler.update(); avg.update_parameters(model)`` loop); the
-Trainers that do not run train_step refuse it."""
+skipped steps (torch's ``scaler.step(opt); scaler.update(); avg.update_parameters(model)`` loop).
+accumulate=k: test_swa_utils_accumulate.py; workers=N: test_swa_utils_distributed.py."""
 
 from __future__ import annotations
 
@@ -202,16 +202,3 @@ def test_skipped_steps_average_as_torch_s_grad_scaler_loop(backend, kind, start,
         _assert_averaged(trainer, averaged, f"call {it}")
     assert trainer.skipped_steps == 2 and int(trainer.state_dict()["step"]) == 6
 
-
-def test_accumulate_and_workers_refuse_naming_the_way_out():
-    """accumulate=k and workers=N step by the gradients and update graphs, not train_step: each refuses
-    averaging artifacts, before any worker starts, saying what to do instead."""
-    net = _Mlp()
-    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 3))), gc.losses.mse("output", label="y"),
-                                gc.optim.SGD(0.1), averaged=swa.AveragedModel())
-    with pytest.raises(NotImplementedError, match=r"accumulate=3 .*plain gc.Trainer \(no accumulate=\) on batches "
-                                                  r"3 times larger, or generate without averaged="):
-        gc.Trainer(arts, backend="numpy", accumulate=3)
-    with pytest.raises(NotImplementedError, match=r"workers=2\) .*one process \(gc.Trainer without workers=\), "
-                                                  r"or generate without averaged="):
-        gc.Trainer(arts, backend="numpy", workers=2)

@@ -11,7 +11,7 @@ import numpy as np
 
 from graphc.errors import ArtifactsError
 
-__all__ = ["AfterUpdate", "averaged_names", "as_model", "recount_batchnorms", "refuse_without_train_step"]
+__all__ = ["AfterUpdate", "averaged_names", "as_model", "recount_batchnorms"]
 
 
 def averaged_names(manifest: Any) -> list[str]:
@@ -28,14 +28,6 @@ def as_model(manifest: Any, tensors: Mapping[str, np.ndarray]) -> dict[str, np.n
     from graphc.passes.training.weight_averaging import PREFIX
 
     return {**tensors, **{n: tensors[PREFIX + n] for n in averaged_names(manifest)}}
-
-
-def refuse_without_train_step(manifest: Any, how: str, instead: str) -> None:
-    """Weight averaging runs in train_step: a Trainer that steps by other graphs (``how``) refuses
-    it, naming the way out (``instead``)."""
-    if manifest.averaging is not None:
-        raise NotImplementedError(f"weight averaging (generate's averaged=) runs inside train_step, which {how} "
-                                  f"does not run; {instead}, or generate without averaged=")
 
 
 class AfterUpdate:

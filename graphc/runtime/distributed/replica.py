@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from graphc.compile.training import CARRIED_ROLES
+from graphc.passes.training.weight_averaging import PREFIX
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
 from graphc.runtime.distributed.local_sums import LocalSums
@@ -46,6 +47,7 @@ from graphc.runtime.distributed.replica_shards import ShardedUpdate
 from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.staged import scales
 from graphc.runtime.trainer import predict_model, without_initializers
+from graphc.runtime.weight_averaging import AfterUpdate
 
 
 class Replica(ShardedUpdate):
@@ -94,6 +96,7 @@ class Replica(ShardedUpdate):
         self._rows = {key: self._prepare(key) for key in (ROWS, EVAL_ROWS) if key in self._protos}
         self._renormed = [v.name for v in gradients.graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
+        self._averaging = None if m.averaging is None else AfterUpdate(m, self._backend, self._options)
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
         # with accumulate=k the update also outputs the combined gradient's norm (``apply`` returns it)
         norms = {e.name for e in m.graphs["train_step"].outputs if e.role == "grad_norm"}
@@ -269,13 +272,20 @@ class Replica(ShardedUpdate):
         update steps a param from its ``<param>.renormed`` value (so these must come before it)
         and neither reads nor writes the statistics. The update that brings the state to ``step``
         is made once: the driver sends it again after a failed call, which this worker may have
-        applied before failing. Returns the combined gradient's norm where the update outputs it."""
-        if self._shards is not None:  # sharded: the owners stepped each shard, ``gathered`` holds their params
-            return self.take(gathered)
+        applied before failing. Then, with weight averaging, the averaged copies advance
+        (``AfterUpdate``): every worker holds the whole model after it, a sharded one too, so each
+        averages its own copy, the same bits. Returns the combined gradient's norm where the update
+        outputs it."""
         if self._applied == step:
-            return
+            return None
         self._applied = step
-        return self._run_update(self._averaged(gathered))
+        if self._shards is not None:  # sharded: the owners stepped each shard, ``gathered`` holds their params
+            norm = self.take(gathered)
+        else:
+            norm = self._run_update(self._averaged(gathered))
+        if self._averaging is not None:  # every param and statistic as after the step: average them here
+            self._averaging.run(self._state)
+        return norm
 
     def _averaged(self, gathered: tuple) -> dict[str, Any]:
         """The update's feeds: the carried tensors and every worker's gradients (``gathered``: by
@@ -312,11 +322,13 @@ class Replica(ShardedUpdate):
         for name, value in tensors.items():
             self._state[name] = self._update.to_device(np.asarray(value))
 
-    def predict(self, shard: Mapping[str, np.ndarray], rows: int, *gathered: dict) -> Optional[dict]:
+    def predict(self, shard: Mapping[str, np.ndarray], rows: int, *gathered: dict,
+                averaged: bool = False) -> Optional[dict]:
         """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;
         without the labels, the eval graph less the loss (``predict``). Rank 0 runs even an
         empty shard: a 0-row batch's outputs have 0 rows, as in one process. ``gathered``: every
-        worker's ``renorm_rows`` of the eval graph, whose union its write-backs renormalise."""
+        worker's ``renorm_rows`` of the eval graph, whose union its write-backs renormalise.
+        ``averaged``: with the averaged copies of the params and buffers."""
         if rows == 0 and self.rank:
             return None
         key = "eval" if self._labels <= set(shard) else "predict"
@@ -328,7 +340,8 @@ class Replica(ShardedUpdate):
                                 {v.name for v in proto.graph.input}, [v.name for v in proto.graph.output])
         exe, inputs, outputs = self._evals[key]
         feeds = {n: a for n, a in shard.items() if n in inputs}
-        feeds.update({n: h for n, h in self._state.items() if n in inputs})
+        prefix = PREFIX if averaged else ""  # every param and buffer the eval graph reads has a copy
+        feeds.update({n: self._state[prefix + n] for n in self._state if n in inputs})
         feeds.update(union(gathered) if gathered else {})
         host, _ = exe.run_bound(feeds, outputs)
         weight = shard_weight(self.manifest.loss, shard, rows)

@@ -6,7 +6,6 @@ from typing import Any
 
 from graphc.errors import ArtifactsError
 from graphc.passes.training.loss_scaling import state_names
-from graphc.runtime.weight_averaging import refuse_without_train_step
 
 __all__ = ["check_data_parallel"]
 
@@ -15,9 +14,7 @@ def check_data_parallel(manifest: Any, workers: int) -> None:
     """Refuse, saying why, artifacts ``workers`` workers cannot train as one process would: a loss
     that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be combined)
     and a gradients graph from before it output the BatchNorm statistics' updates (they would
-    stay frozen), and weight averaging (train_step's)."""
-    refuse_without_train_step(manifest, f"data-parallel training (workers={workers})",
-                              "train in one process (gc.Trainer without workers=)")
+    stay frozen)."""
     loss = manifest.loss
     if loss.get("kind") == "output" and workers > 1:
         raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "

@@ -50,6 +50,7 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.runtime import metrics as metrics_lib
+from graphc.runtime.distributed.averaged_copy import DriverAveraging
 from graphc.runtime.distributed.batch_messages import BatchMessages
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
 from graphc.runtime.distributed.connection import Connection, DrivesWorkers
@@ -74,7 +75,7 @@ __all__ = ["DistributedTrainer"]
 STEP_SERIES = ("step_losses", "step_grad_norms")  # History's lists of one value per step
 
 
-class DistributedTrainer(BatchMessages, Trainer, DrivesWorkers):
+class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers):
     """``Trainer`` whose steps run on ``workers`` Ray actors (see the module's docstring).
 
     Args beyond ``Trainer``'s: ``workers`` (>= 1), ``ray_address`` (a running cluster; default:
@@ -337,15 +338,16 @@ class DistributedTrainer(BatchMessages, Trainer, DrivesWorkers):
 
     def predict(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, np.ndarray]:
         """The eval graph on ``batch``, each worker on its shard: the loss (as the training loss's), the outputs in
-        shard order (not by rows: rank 0 runs the whole batch), max_norm rows as in ``step``; no averaged weights."""
+        shard order (not by rows: rank 0 runs the whole batch), max_norm rows as in ``step``; ``averaged``: as Trainer's."""
         if averaged:
-            averaged_names(self.manifest)
+            averaged_names(self.manifest)  # refuses artifacts without
         self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
         messages, bounds = self._messages(batch, specs, noise=False, whole=bool(self._whole))
         rows = [r.renorm_rows.remote(m, EVAL_ROWS) for r, m in zip(self._replicas, messages)] if self._renorm else []
-        refs = [r.predict.remote(m["shard"], m["rows"], *rows) for r, m in zip(self._replicas, messages)]
+        refs = [r.predict.remote(m["shard"], m["rows"], *rows, averaged=averaged)
+                for r, m in zip(self._replicas, messages)]
         done = [r for r in self._get(refs, "evaluation", bounds) if r is not None]
         out = {}
         if "loss" in done[0]:
