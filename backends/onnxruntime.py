@@ -29,7 +29,7 @@ from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
 from graphc.backends.cancel import CancelToken
 from graphc.errors import BackendError, BackendUnavailable, RunCancelled
-from graphc.model import node_label, node_source
+from graphc.model import RECOMPUTED_KEY, node_label, node_source
 from graphc.model.file import all_graphs, distinct_subgraph_outputs, unique_node_names, with_body_output_shapes
 from graphc.model.inferred import SharedTypes, TypesOf
 from graphc.model.dtypes import to_onnx
@@ -152,9 +152,10 @@ class _OrtBackend:
                 optimized_graph: bool = False, cpu_arena: bool = True) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
-        recompute=True)``): common-subexpression elimination, which would merge the copies back,
-        is off, and nodes run in priority order (ready nodes in graph order), so each copy runs
-        where the graph places it, just before its reader (for every train step, that order lost
+        recompute=True)``; on by itself for a model holding a checkpoint region's copy, marked
+        ``RECOMPUTED_KEY``: ``gc.grad`` of a model with regions): common-subexpression elimination, which would merge
+        the copies back, is off, and nodes run in priority order (ready nodes in graph order), so
+        each copy runs where the graph places it, just before its reader (for every train step, that order lost
         to onnxruntime's default: ResNet-18 at batch 32, 64 px, 1.030x / 1.041x the step time,
         Trainers interleaved, built second / first). ``mem_pattern``: onnxruntime's memory
         pattern (one block planned for all intermediates, sized on the first run); the Trainer
@@ -213,7 +214,7 @@ class _OrtBackend:
         elif exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
         disabled = dropout.eliminating(model) + pools.fusion_refused(model) + fusions.fusion_refused(model, types_of)
-        if keep_recomputation:
+        if keep_recomputation or any(p.key == RECOMPUTED_KEY for n in model.graph.node for p in n.metadata_props):
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),

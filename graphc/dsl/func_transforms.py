@@ -72,6 +72,7 @@ class _Traced:
         from graphc.passes.autodiff import backprop
         from graphc.passes.autodiff.builder import GradBuilder
         from graphc.passes.autodiff.recurrent import UNROLLED, unroll_recurrent
+        from graphc.passes.training.recompute import recompute
 
         builder = self.builder
         before = None if self.copied else [(node, list(node.inputs)) for node in self.nodes]
@@ -97,6 +98,8 @@ class _Traced:
         except GraphError as exc:
             graph.remove(list(graph))
             raise type(exc)(f"{self.api} (called at {self.source}): {exc}") from None
+        made = list(graph)
+        recompute(graph, {node.name for node in made[:count]}, builder.opset, everywhere=False)  # regions' copies
         made = list(graph)
         graph.remove(made)
         self._replace(made[:count], before)

@@ -33,6 +33,9 @@ VMAP_FOLDED_KEY = "graphc.vmap_folded"
 # node metadata: the activation-checkpoint region (``gc.utils.checkpoint``) a node was captured in, an id
 # unique in its model; the training graphs' backward recomputes the region's values from its inputs
 CHECKPOINT_KEY = "graphc.checkpoint"
+# node metadata of a checkpoint region's copy the backward reads (``passes/training/recompute.py``), the
+# original node's name: onnxruntime sessions of a model holding one keep the copies (``keep_recomputation``)
+RECOMPUTED_KEY = "graphc.recomputed"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
 # single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
 EXTERNAL_DATA_THRESHOLD = 1 << 30

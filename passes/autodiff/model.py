@@ -186,11 +186,14 @@ def expand_for_autodiff(model: ir.Model) -> int:
 
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:
     """A new model: ``model``'s inputs plus each ``wrt`` parameter as an input (its initializer
-    is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each.
+    is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each. The backward reads
+    recomputed copies of the values of ``gc.utils.checkpoint`` regions, as the training graphs'.
 
     ``loss`` names a scalar float output. ``wrt`` names initializers (or float graph inputs);
     by default every floating-point initializer. The input model is not modified.
     """
+    from graphc.passes.training.recompute import recompute  # which imports this package
+
     refuse_dropped(model)
     new = infer_shapes(model)
     graph = new.graph
@@ -218,7 +221,9 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     graph = new.graph
     values = {v.name: v for v in graph.inputs}
     params = [values[name] for name in wrt]
+    forward = {node.name for node in graph}
     grads = backward(graph, {v.name: v for v in graph.outputs}[loss], params, functions=new.functions)
+    recompute(graph, forward, onnx_opset(new, DEFAULT_OPSET), everywhere=False)  # checkpoint regions, as generate's
     drop_autograd_functions(new)  # the Functions' backwards are in the graph now: plain ONNX
     for p in params:
         node = ir.node("Identity", [grads[p.name]], name=f"{p.name}_grad/Identity")

@@ -16,9 +16,11 @@ Checkpoint regions (``gc.utils.checkpoint``, nodes marked ``CHECKPOINT_KEY``) ar
 whether or not ``recompute`` is on, as torch's ``checkpoint`` does: every value a region's node
 makes that the backward reads is a copy computed again from the region's inputs (what its nodes
 read from outside it: data, params, another region's values), expensive ops included, so the
-region's inputs are all it keeps alive. Random draws (``RANDOM_OPS``) and nodes holding subgraphs are
-kept, not drawn or run again: the copies see the forward's numbers (torch's
-``preserve_rng_state``); Dropout's mask is already a function of the step's noise input.
+region's inputs are all it keeps alive. Random draws (``draws_random``: a training-mode Dropout too,
+which ``gc.grad``'s graphs keep) and nodes holding subgraphs are kept, not drawn or run again: the
+copies see the forward's numbers (torch's ``preserve_rng_state``); in the training graphs Dropout's
+mask is already a function of the step's noise input. ``gc.grad`` (``gradient_model``) and
+``gc.autograd.grad`` call this pass too.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import math
 
 import onnx_ir as ir
 
-from graphc.model import CHECKPOINT_KEY
+from graphc.model import CHECKPOINT_KEY, RECOMPUTED_KEY
 from graphc.passes.autodiff.loops import copy_node
 from graphc.passes.emit import Emitter
-from graphc.passes.values import RANDOM_OPS, subgraphs
+from graphc.passes.values import draws_random, subgraphs
 
 __all__ = ["CHEAP", "inherited", "marked", "recompute"]
 
@@ -72,8 +74,7 @@ def recompute(graph: ir.Graph, forward: set[str], opset: int, everywhere: bool =
 
     def region(v: ir.Value | None) -> str | None:
         p = v.producer() if v is not None else None
-        if p is None or p.name not in forward or p.op_type in RANDOM_OPS or p.op_type == "Constant" \
-                or subgraphs(p):
+        if p is None or p.name not in forward or draws_random(p) or p.op_type == "Constant" or subgraphs(p):
             return None
         return p.metadata_props.get(CHECKPOINT_KEY)
 
@@ -90,6 +91,8 @@ def recompute(graph: ir.Graph, forward: set[str], opset: int, everywhere: bool =
                 if (within is not None and region(u) == within) or cheap(u):
                     copy(u)
             copy_node(e, producer, copies)
+            if within is not None:  # onnxruntime sessions keep such copies untold (recompute=True's: told)
+                copies[v].producer().metadata_props[RECOMPUTED_KEY] = producer.name
         return copies[v]
 
     redirected = 0
