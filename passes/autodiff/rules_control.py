@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
+from graphc.model import CHECKPOINT_KEY
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, static_shape
 from graphc.passes.autodiff.loops import clone_body, fresh_names
 from graphc.passes.autodiff.registry import grad_rule
@@ -92,8 +93,11 @@ MAX_SCAN_UNROLL = 32
 
 def _unrolled_gradients(g: GradBuilder, node: ir.Node, steps, seeds_fn):
     """Unroll ``steps`` (a function emitting the forward copy and returning its seed map) and
-    backpropagate through the copy to the node's inputs and the outer values its body reads."""
+    backpropagate through the copy to the node's inputs and the outer values its body reads. The
+    gradient nodes read recomputed copies of the values of the body's checkpoint regions
+    (``gc.utils.checkpoint`` in a body; each step's copy its own region, ``_clone_step``)."""
     from graphc.passes.autodiff.core import backprop, captured_values
+    from graphc.passes.training.recompute import recompute  # which imports this package
 
     sub = g.subgraph_builder(g.graph)
     start = len(g.graph)
@@ -102,7 +106,19 @@ def _unrolled_gradients(g: GradBuilder, node: ir.Node, steps, seeds_fn):
     body = node.attributes["body"].value
     targets = [v for v in dict.fromkeys([*node.inputs, *captured_values(body)]) if v is not None and g.wants(v)]
     grads = backprop(sub, nodes, seeds, targets)
+    recompute(g.graph, {n.name for n in nodes}, g.opset, everywhere=False)
     return {v: grads[v] for v in targets if v in grads}
+
+
+def _clone_step(sub: GradBuilder, body: ir.Graph, mapping: dict, step: int, slices=None) -> list[ir.Value]:
+    """``clone_body`` for one unrolled step, its checkpoint regions made the step's own (a region's
+    copy then reads the step's inputs to it, not the region's copies in the steps before)."""
+    made = len(sub.graph)
+    outs = clone_body(sub, body, mapping, slices)
+    for node in list(sub.graph)[made:]:
+        if CHECKPOINT_KEY in node.metadata_props:
+            node.metadata_props[CHECKPOINT_KEY] += f"/step{step}"
+    return outs
 
 
 def _static_trip_count(node: ir.Node) -> int:
@@ -143,7 +159,7 @@ def grad_loop(g, node, dys):
         for i in range(trips):
             mapping = {body.inputs[0]: sub.const(i, np.int64), body.inputs[1]: true}
             mapping.update(zip(body.inputs[2:], carry))
-            outs = clone_body(sub, body, mapping, slices)
+            outs = _clone_step(sub, body, mapping, i, slices)
             carry = outs[1:1 + n_carry]
             scans.append(outs[1 + n_carry:])
         return carry, scans
@@ -205,7 +221,7 @@ def grad_scan(g, node, dys):
                 element = slices.read(x, axis, length - 1 - i if rev else i)
                 element.type, element.shape = body.inputs[n_carry + k].type, body.inputs[n_carry + k].shape
                 mapping[body.inputs[n_carry + k]] = element
-            outs = clone_body(sub, body, mapping)
+            outs = _clone_step(sub, body, mapping, i)
             carry = outs[:n_carry]
             scans.append(outs[n_carry:])
         return carry, scans
