@@ -1,6 +1,7 @@
 """Activation checkpointing on a memory-bound model: peak RSS and step time of a deep MLP's
 train step on ort-cpu without checkpointing, with ``gc.utils.checkpoint`` regions
-(``checkpoint_sequential``), and with ``generate(..., recompute=True)``.
+(``checkpoint_sequential``), and with ``generate(..., recompute=True)``; and of its ``gc.grad``
+gradient model run in a ``gc.Session`` without and with the regions.
 
 Each variant runs in its own process (peak RSS is per process): ``python scripts/bench_checkpoint.py``.
 """
@@ -18,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_zoo import peak_rss_mb  # noqa: E402 - this process's peak RSS
 
-VARIANTS = ("none", "regions", "recompute")
+VARIANTS = ("none", "regions", "recompute", "grad-none", "grad-regions")
 DEPTH, WIDTH, BATCH, SEGMENTS, STEPS = 16, 512, 4096, 4, 4
 
 
@@ -34,21 +35,24 @@ def _measure(variant: str) -> dict:
             self.head = gc.nn.Linear(WIDTH, 10)
 
         def forward(self, x):
-            h = checkpoint_sequential(self.blocks, SEGMENTS, x, use_reentrant=False) if variant == "regions" \
+            h = checkpoint_sequential(self.blocks, SEGMENTS, x, use_reentrant=False) if variant.endswith("regions") \
                 else self.blocks(x)
             return self.head(h)
 
     model = gc.capture(Deep(), x=gc.spec("float32", ("N", WIDTH)))
-    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(1e-3),
-                                recompute=variant == "recompute")
+    loss = gc.losses.cross_entropy("output", label="y")
+    if variant.startswith("grad"):
+        step = gc.Session(gc.grad(model, loss), backend="ort-cpu").run
+    else:
+        step = gc.Trainer(gc.training.generate(model, loss, gc.optim.SGD(1e-3), recompute=variant == "recompute"),
+                          backend="ort-cpu").step
     rng = np.random.default_rng(0)
     batch = {"x": rng.normal(size=(BATCH, WIDTH)).astype(np.float32), "y": rng.integers(0, 10, BATCH)}
-    trainer = gc.Trainer(arts, backend="ort-cpu")
     before = peak_rss_mb()
     times = []
     for _ in range(STEPS):
         start = time.perf_counter()
-        trainer.step(batch)
+        step(batch)
         times.append(time.perf_counter() - start)
     return {"variant": variant, "peak_rss_mb": round(peak_rss_mb()), "before_steps_mb": round(before),
             "step_s": round(float(np.median(times[1:])), 3)}
