@@ -24,26 +24,29 @@ RNG = np.random.default_rng(0)
 WORKERS = {"workers": 2, "num_cpus": 0.5, "timeout_s": 120, "backend": "numpy"}
 F64 = {"dtype": "float64"}
 OPTIMIZERS = {"sgd-momentum": lambda clip: gc.optim.SGD(0.05, momentum=0.9, weight_decay=0.01, **clip),
+              "adam": lambda clip: gc.optim.Adam(0.01, weight_decay=0.01, **clip),
               "adamw": lambda clip: gc.optim.AdamW(0.01, weight_decay=0.1, **clip)}
 CLIP = {"max_grad_norm": 0.05}  # small enough to clip every step
 
 
 class _Net(gc.nn.Module):
-    """A middle weight of 67,200 entries, a flat buffer of its own (``flat.ALONE_ELEMENTS``): the
-    fused layout has two buffers, one for each worker."""
+    """A middle weight of 67,200 entries, a flat buffer of its own (``flat.ALONE_ELEMENTS``), and one
+    buffer of the other 3,963 params: 2 workers split the large one (31,766 entries and the small
+    buffer to rank 0, 35,434 to rank 1). ``width`` 24: 3,267 params, one buffer of them all (LeNet's
+    61,706 are one buffer too)."""
 
-    def __init__(self, dtype="float64"):
+    def __init__(self, dtype="float64", width=700):
         super().__init__()
         self.a = gc.nn.Linear(8, 96, dtype=dtype)
-        self.b = gc.nn.Linear(96, 700, dtype=dtype)
-        self.c = gc.nn.Linear(700, 3, dtype=dtype)
+        self.b = gc.nn.Linear(96, width, dtype=dtype)
+        self.c = gc.nn.Linear(width, 3, dtype=dtype)
 
     def forward(self, x):
         return self.c(gc.relu(self.b(gc.relu(self.a(x)))))
 
 
-def _arts(optimizer, dtype="float64", **options):
-    return gc.training.generate(gc.capture(_Net(dtype), x=gc.spec(dtype, ("N", 8))),
+def _arts(optimizer, dtype="float64", width=700, **options):
+    return gc.training.generate(gc.capture(_Net(dtype, width), x=gc.spec(dtype, ("N", 8))),
                                 gc.losses.cross_entropy("output", label="y"), optimizer, **options)
 
 
@@ -63,7 +66,7 @@ def _same_state(got: dict, want: dict, rtol=1e-12, atol=1e-15) -> None:
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-param"])
-@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize("opt", ["sgd-momentum", "adamw"])
 def test_fit_equals_unsharded_and_one_process(ray_cluster, opt, fused):
     """2 epochs with clipping: step losses, step_grad_norms and the state as one process's and the
     unsharded workers' to 1e-12; each worker holds its own shard's optimizer state alone, the shards
@@ -82,17 +85,73 @@ def test_fit_equals_unsharded_and_one_process(ray_cluster, opt, fused):
         assert len(got.step_grad_norms) == 10 and min(got.step_grad_norms) > CLIP["max_grad_norm"]  # clipped
         _same_state(sharded.state_dict(), one.state_dict())
         _same_state(sharded.state_dict(), plain.state_dict())
-        plan = sharded._plan
-        assert all(plan.params) and sorted(sum(plan.params, [])) == sorted(arts.manifest.trainable)
-        state = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role == "state"
-                 and e.name not in ("step",)]
-        held = [set(s) for s in sharded.worker_states()]
-        for rank in (0, 1):
-            assert plan.owned[rank] <= held[rank] and not plan.owned[1 - rank] & held[rank]
-        assert sorted(plan.owned[0] | plan.owned[1]) == sorted(state) and not plan.owned[0] & plan.owned[1]
+        _held_once(sharded, arts, even=fused)
     finally:
         plain.shutdown()
         sharded.shutdown()
+
+
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_one_buffer_split_between_workers_equals_one_process(ray_cluster, opt):
+    """A model whose params all fit one flat buffer (unsplit, rank 0 stepped it all and rank 1 nothing):
+    each worker steps half of it; 2 clipped epochs equal one process (losses, norms, state to 1e-12)."""
+    arts, data = _arts(OPTIMIZERS[opt](CLIP), width=24), _data(26)
+    one = gc.Trainer(arts, backend="numpy")
+    want = one.fit(_loader(data), epochs=2, progress=False, quiet=True)
+    sharded = gc.Trainer(arts, shard_optimizer=True, **WORKERS)
+    try:
+        got = sharded.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+        np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
+        _same_state(sharded.state_dict(), one.state_dict())
+        assert [p["params.float64"] for p in sharded._plan.pieces] == [(0, 1634), (1634, 3267)]
+        _held_once(sharded, arts)
+    finally:
+        sharded.shutdown()
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (2, 3)], ids=["2-to-1", "1-to-2", "2-to-3"])
+def test_checkpoints_resume_on_other_worker_counts(ray_cluster, tmp_path, before, after):
+    """3 steps on ``before`` workers (1: one process, more: sharded), a checkpoint, 3 more on ``after``:
+    the end as one process that never stopped (1e-12), the checkpoint named per param as one process's."""
+    arts = _arts(OPTIMIZERS["adamw"](CLIP), width=24)
+    batches = [_data(8) for _ in range(6)]
+    one = gc.Trainer(arts, backend="numpy")
+    want = [one.step(b) for b in batches]
+    losses = []
+    for workers, part in ((before, batches[:3]), (after, batches[3:])):
+        trainer = (gc.Trainer(arts, backend="numpy") if workers == 1 else
+                   gc.Trainer(arts, shard_optimizer=True, **{**WORKERS, "workers": workers}))
+        try:
+            if losses:
+                trainer.load_checkpoint(tmp_path / "ckpt.safetensors")
+            losses += [trainer.step(b) for b in part]
+            state = trainer.state_dict()
+            if len(losses) == 3:
+                trainer.save_checkpoint(tmp_path / "ckpt.safetensors")
+                assert set(state) == set(arts.state)
+        finally:
+            if workers > 1:
+                trainer.shutdown()
+    np.testing.assert_allclose(losses, want, rtol=1e-12)
+    _same_state(state, one.state_dict())
+
+
+def _held_once(trainer, arts, even: bool = True) -> None:
+    """Each worker holds its shard's optimizer state alone: a buffer split between workers as
+    slices, which together cover it once, the other state by its one owner; with ``even`` (a fused
+    layout) the shards' bytes within an element of each other."""
+    plan, step = trainer._plan, arts.manifest.in_model_order().graphs["train_step"]
+    held = trainer.worker_states()
+    whole = {e.name: e.shape for e in step.inputs if e.role == "state" and e.name != "step"}
+    split = {t for pieces in plan.pieces for buf in pieces for t, _ in plan.buffers[buf].tensors()}
+    for name, shape in whole.items():
+        holders = [rank for rank in range(plan.workers) if name in plan.owned[rank]]
+        assert all(name in held[rank] for rank in holders) and not any(
+            name in held[rank] for rank in range(plan.workers) if rank not in holders), name
+        assert len(holders) > 1 if name in split else len(holders) == 1, name
+        assert sum(held[rank][name].size for rank in holders) == np.prod(shape), name
+    assert all(plan.bytes) and (not even or max(plan.bytes) - min(plan.bytes) <= 8)  # one float64 element
 
 
 def test_loss_scaling_skips_a_step_on_every_shard(ray_cluster):
@@ -187,16 +246,42 @@ def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster):
         dp.shutdown()
 
 
-def test_plan_balances_bytes_by_whole_buffers():
-    """A 4-layer MLP of 1024-wide layers, AdamW: its four 4 MiB weights and the buffer of its biases cut
-    into 2 shards of 8 MiB (and the biases); each optimizer state tensor has one owner."""
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_plan_balances_bytes_within_an_element(workers):
+    """A 4-layer MLP of 1024-wide layers, AdamW: its four 4 MiB weights (a buffer each) and the buffer
+    of its biases cut into shards of equal bytes to the float32 element, the buffers split where they
+    must; the slices cover every buffer once, end to end in rank order."""
     layers = [gc.nn.Linear(1024, 1024) for _ in range(4)]
     model = gc.capture(gc.nn.Sequential(*layers), x=gc.spec("float32", ("N", 1024)))
     arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(1e-3))
-    plan = ShardPlan(arts.manifest, 2)
-    assert sorted(plan.bytes) == [8 * 2**20, 8 * 2**20 + 4 * 4096]
-    assert sorted(sum(plan.params, [])) == sorted(arts.manifest.trainable)
-    assert not plan.owned[0] & plan.owned[1] and len(plan.owned[0] | plan.owned[1]) == 2 * len(arts.manifest.layout)
+    plan = ShardPlan(arts.manifest, workers)
+    total = 4 * (1024 * 1024 + 1024) * 4
+    assert sum(plan.bytes) == total and max(plan.bytes) - min(plan.bytes) <= 4
+    assert abs(plan.bytes[0] - total / workers) <= 4
+    whole = sum(plan.params, [])
+    assert len(whole) == len(set(whole))
+    for buf in arts.manifest.layout:
+        sliced = [pieces[buf.name] for pieces in plan.pieces if buf.name in pieces]
+        size = sum(np.prod(s) for s in buf.shapes)
+        if sliced:
+            assert not set(buf.params) & set(whole) and len(sliced) > 1
+            assert [lo for lo, _ in sliced] == [0, *(hi for _, hi in sliced[:-1])] and sliced[-1][1] == size
+        else:
+            assert set(buf.params) <= set(whole)
+
+
+def test_plan_of_one_buffer_splits_it():
+    """A small model (3,267 float64 params, one flat buffer) on 2 and 3 workers: each takes a slice of
+    equal bytes to the element; with ``fused=False`` (one update per param) the params go whole."""
+    arts = _arts(OPTIMIZERS["adamw"]({}), width=24)
+    assert len(arts.manifest.layout) == 1
+    for workers in (2, 3):
+        plan = ShardPlan(arts.manifest, workers)
+        assert plan.params == [[]] * workers and max(plan.bytes) - min(plan.bytes) <= 8
+        assert [pieces["params.float64"] for pieces in plan.pieces] == [
+            (round(r * 3267 / workers), round((r + 1) * 3267 / workers)) for r in range(workers)]
+    plan = ShardPlan(_arts(OPTIMIZERS["adamw"]({}), width=24, fused=False).manifest, 2)
+    assert plan.pieces == [{}, {}] and sum(plan.bytes) == 3267 * 8 and all(plan.params)
 
 
 def test_refused_without_workers():

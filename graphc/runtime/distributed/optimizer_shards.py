@@ -1,19 +1,21 @@
 """``gc.Trainer(workers=N, shard_optimizer=True)``: each worker steps and keeps the optimizer state of
 its own share of the params (ZeRO stage 1, torch's ``ZeroRedundancyOptimizer``).
 
-The params are cut into ``N`` shards balanced by bytes (``ShardPlan``): the units are the fused
-update's flat buffers (each whole: its state is one flat buffer per slot) and the params outside them,
-the largest first to the least loaded worker (rank 0 first, and given a unit every step reads where
-there is one, so the state all shards share, ``step`` and a scheduled momentum's running state, is
-rank 0's, as every worker computes it). A worker's update graph steps its shard alone
-(``compile.training.update_model(shard=...)``). A step's gradients leave each worker as ``N``
+The params are cut into ``N`` shards balanced by bytes (``ShardPlan``, ``shard_balance``): the params
+outside the fused update's flat buffers whole, the largest first to the least loaded worker (rank 0
+first, and given a unit every step reads where there is one, so the state all shards share, ``step``
+and a scheduled momentum's running state, is rank 0's, as every worker computes it), then the flat
+buffers cut at element boundaries to even the loads: a worker steps a buffer it holds whole per param,
+as unsharded, and a slice of one as a 1-D param of its own (``flat_pieces``), its state that slice of
+the buffer's. A worker's update graph steps its shard alone (``compile.training.update_model(args=...)``). A step's gradients leave each worker as ``N``
 objects, one per shard (``Replica`` splits them), so a worker reads only its shard's gradients from
 the others; it averages them as an unsharded worker does, steps its shard and returns its new params,
 which every other worker takes before its next gradients (the all-gather, at the next step's call).
 Where the update reads every gradient (``max_grad_norm``'s total norm, loss scaling's inf/NaN check)
 the workers first exchange one share each (``update_graphs.norm_parts_graph``), then step: the same
 total norm (``clipping.joined_norm``, which ``History.step_grad_norms`` records) and the same skip.
-``state_dict`` and checkpoints join the owners' state into the unsharded layout.
+``state_dict`` and checkpoints join the owners' state into the unsharded layout (per param), so a
+checkpoint resumes on any number of workers, sharded or not.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from typing import Any
 
 import numpy as np
 
+import onnx_ir as ir
+
 from graphc.compile.training import CARRIED_ROLES, Manifest, update_args, update_model
 from graphc.model import Model
-from graphc.model.dtypes import to_numpy
+from graphc.model.dtypes import to_numpy, to_onnx
+from graphc.passes.training import flat
 from graphc.passes.training.guarded_params import STEP_SUFFIX
+from graphc.runtime.distributed.flat_pieces import piece_name
+from graphc.runtime.distributed.shard_balance import Buffer, balance
 
 __all__ = ["ShardPlan", "shard_key"]
 
@@ -38,8 +45,10 @@ def shard_key(kind: str, rank: int) -> str:
 
 
 class ShardPlan:
-    """Which params (``params[rank]``) and optimizer state (``owned[rank]``: train_step's names)
-    each of ``workers`` ranks steps and keeps, and each rank's graphs (``graphs``)."""
+    """Which whole params (``params[rank]``), slices of flat buffers (``pieces[rank]``: ``{buffer:
+    (first, end)}`` elements) and optimizer state (``owned[rank]``: train_step's names, a split buffer's
+    held by each of its slices' ranks) each of ``workers`` ranks steps and keeps, its bytes
+    (``bytes[rank]``), and each rank's graphs (``graphs``)."""
 
     def __init__(self, manifest: Manifest, workers: int):
         manifest = manifest.in_model_order()
@@ -47,30 +56,45 @@ class ShardPlan:
         entries = {e.name: e for e in step.inputs}
         params = [e.name for e in step.inputs if e.role == "param"]
         grouped = {p for buf in manifest.layout for p in buf.params}
-        units = [list(buf.params) for buf in manifest.layout] + [[p] for p in params if p not in grouped]
 
-        def size(unit: list[str]) -> int:
-            return sum(math.prod(entries[p].shape) * np.dtype(to_numpy(entries[p].dtype)).itemsize for p in unit)
+        def itemsize(name: str) -> int:
+            return np.dtype(to_numpy(entries[name].dtype)).itemsize
 
+        units = [([p], math.prod(entries[p].shape) * itemsize(p)) for p in params if p not in grouped]
         gated = {p for p in params if p + STEP_SUFFIX in entries}
-        order = sorted(units, key=lambda u: (-size(u), params.index(u[0])))
-        first = next((u for u in order if u[0] not in gated), None)  # rank 0 steps a unit every step reads
+        order = sorted(units, key=lambda u: (-u[1], params.index(u[0][0])))
+        first = next((u for u in order if u[0][0] not in gated), None)  # rank 0 steps a unit every step reads
         if first is not None:
             order = [first, *(u for u in order if u is not first)]
-        loads, self.params = [0] * workers, [[] for _ in range(workers)]
-        for unit in order:
-            rank = min(range(workers), key=lambda r: (loads[r], r))
-            loads[rank] += size(unit)
-            self.params[rank] += unit
-        self.bytes = loads
+        buffers = [Buffer(b.name, sum(math.prod(s) for s in b.shapes), itemsize(b.params[0])) for b in manifest.layout]
+        shares = balance(order, buffers, workers, lead=first is None)
+        self.buffers = {b.name: b for b in manifest.layout}
+        for mine, pieces in zip(shares.params, shares.pieces):  # a whole buffer: stepped per param, as unsharded
+            for name, (lo, hi) in list(pieces.items()):
+                if hi - lo == next(b.elements for b in buffers if b.name == name):
+                    mine += self.buffers[name].params
+                    del pieces[name]
+        self.params, self.pieces, self.bytes = shares.params, shares.pieces, shares.bytes
         self.manifest, self.workers = manifest, workers
         carried = {e.name for e in step.inputs if e.role in CARRIED_ROLES}
-        self._args = [update_args(manifest, set(mine)) for mine in self.params]
+        self._args = [self._update_args(set(mine), pieces) for mine, pieces in zip(self.params, self.pieces)]
         self._update = [update_model(manifest, args=args) for args in self._args]
         inputs = [{v.name for v in m.proto.graph.input} & carried for m in self._update]
-        shared = set.intersection(*inputs)
+        sliced = {name for pieces in self.pieces for buf in pieces for name, _ in self.buffers[buf].tensors()}
+        shared = set.intersection(*inputs) - sliced
         every = set(params)
-        self.owned = [names - shared - every for names in inputs]  # optimizer state: one owner each
+        self.owned = [names - shared - every for names in inputs]  # optimizer state: one owner each, or a slice
+
+    def _update_args(self, mine: set[str], pieces: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+        """``update_args`` of the params ``mine`` and, for each of ``pieces``, its slice of a flat
+        buffer as one 1-D param (``flat_pieces``) in a buffer of its own, named as the buffer."""
+        args = update_args(self.manifest, mine)
+        for name, (lo, hi) in pieces.items():
+            buf, dtype = self.buffers[name], ir.DataType(to_onnx(self.buffers[name].dtype))
+            value = ir.Value(name=piece_name(name), type=ir.TensorType(dtype), shape=ir.Shape([hi - lo]))
+            args["params"].append(value)
+            args["groups"].append(flat.Group(name, dtype, [value.name], [(hi - lo,)], buf.weight_decay))
+        return args
 
     @property
     def exchanges(self) -> bool:
@@ -83,9 +107,9 @@ class ShardPlan:
         from graphc.passes.training import update_graphs
 
         out: dict[str, Any] = {}
-        for rank, (mine, args, update) in enumerate(zip(self.params, self._args, self._update)):
+        for rank, (args, update) in enumerate(zip(self._args, self._update)):
             out[shard_key("update", rank)] = update
-            if self.exchanges and mine:
+            if self.exchanges and args["params"]:
                 out[shard_key("norm_parts", rank)] = Model(update_graphs.norm_parts_graph(
                     self.manifest.opset, args["optimizer"], args["params"], args["groups"], self.manifest.loss_scale,
                     args["norm_dtype"]))
@@ -105,12 +129,18 @@ class ShardPlan:
 
     def layout(self) -> dict[str, Any]:
         """What each worker is told (``Replica.setup``): every rank's params, and the state the others own."""
-        return {"params": self.params, "owned": [sorted(names) for names in self.owned]}
+        return {"params": self.params, "pieces": self.pieces, "owned": [sorted(names) for names in self.owned]}
 
     def joined(self, states: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """The carried tensors (train_step's names) from every rank's (``Replica.state(packed=True)``):
-        each rank's own optimizer state, the rest rank 0's (every worker holds every param)."""
+        each rank's own optimizer state (a split buffer's slices end to end), the rest rank 0's (every
+        worker holds every param)."""
         out = dict(states[0])
         for rank, state in enumerate(states[1:], 1):
             out.update({n: a for n, a in state.items() if n in self.owned[rank]})
+        for name, buf in self.buffers.items():
+            holders = [rank for rank, pieces in enumerate(self.pieces) if name in pieces]
+            if holders:
+                out.update({tensor: np.concatenate([states[rank][tensor] for rank in holders])
+                            for tensor, _ in buf.tensors()})
         return out

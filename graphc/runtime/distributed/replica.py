@@ -120,7 +120,7 @@ class Replica(ShardedUpdate):
 
     def load(self, packed: Mapping[str, np.ndarray]) -> None:
         """Put the carried tensors (as train_step takes them: ``Manifest.pack``) on the device."""
-        self._state = {n: self._update.to_device(np.asarray(packed[n])) for n in self._carried}
+        self._state = {n: self._update.to_device(np.asarray(self._own(n, packed[n]))) for n in self._carried}
         self._spare, self._applied = {}, None
 
     def use_loader(self, loader: Any) -> None:

@@ -1,5 +1,7 @@
 """A data-parallel worker's side of a sharded optimizer update (``optimizer_shards``): the
 ``Replica`` methods that split its gradients by shard, step its own shard and take the others'.
+A shard's slice of a flat buffer (``flat_pieces``) is gathered from the params before its update and
+written back after it, by its owner and by every worker that takes it; its state is that slice alone.
 
 Calls per step, which the driver chains without waiting on any: ``step`` returns the worker's
 gradients as one object per shard; ``update_shard`` (given every worker's object for this worker's
@@ -17,6 +19,7 @@ import numpy as np
 from graphc.passes.training.clipping import joined_norm
 from graphc.passes.training.guarded_params import TOUCHED_SUFFIX
 from graphc.passes.training.update_graphs import FOUND_INF, NORM_PART, TOTAL_NORM
+from graphc.runtime.distributed.flat_pieces import gather, piece_name, scatter, spans
 from graphc.runtime.distributed.optimizer_shards import shard_key
 from graphc.runtime.distributed.renorm_rows import RENORMED
 
@@ -41,27 +44,47 @@ class ShardedUpdate:
             if key in mine:
                 protos[mine[key]] = proto
         self._mine = set(layout["params"][self.rank])
+        buffers = {b.name: b for b in self.manifest.layout}
+        self._pieces = {rank: {piece_name(name): (buffers[name], lo, hi) for name, (lo, hi) in pieces.items()}
+                        for rank, pieces in enumerate(layout["pieces"])}
+        self._slices = {tensor: (lo, hi) for buf, lo, hi in self._pieces[self.rank].values()
+                        for tensor, _ in buf.tensors()}  # this rank's slices of split buffers' state
         self._feeds: dict[str, Any] = {}
         parts = protos.get("norm_parts")  # a shard of params only: its inputs and outputs
         self._parts_io = (({v.name for v in parts.graph.input}, [v.name for v in parts.graph.output])
                           if parts is not None else None)
         dtype = next((v.type.tensor_type.elem_type for v in protos["update"].graph.input if v.name == TOTAL_NORM), None)
         self._norm_dtype = _numpy_dtype(dtype) if dtype else None  # a shard of no params' share of the norm
-        return {n for rank, names in enumerate(layout["owned"]) if rank != self.rank for n in names}
+        mine = set(layout["owned"][self.rank])
+        return {n for rank, names in enumerate(layout["owned"]) if rank != self.rank for n in names} - mine
+
+    def _own(self, name: str, array: np.ndarray) -> np.ndarray:
+        """What this worker keeps of the carried tensor ``name`` (train_step's ``array``): its slice of
+        a split buffer's state, else all of it."""
+        if self._shards is None or name not in self._slices:
+            return array
+        lo, hi = self._slices[name]
+        return np.asarray(array)[lo:hi]
 
     def _parts(self, grads: Optional[dict]) -> tuple:
-        """``grads`` (``_outputs``' or ``LocalSums``') as one object per shard: its params' gradients,
-        touched flags and renormalised values, each with the weight (and a staged step's scale) and
+        """``grads`` (``_outputs``' or ``LocalSums``') as one object per shard: its params' gradients
+        (a slice of a split buffer's as one, ``<piece>_grad``), touched flags and renormalised values, each with the weight (and a staged step's scale) and
         the BatchNorm statistics (rank 0's); unsharded, as it is."""
         if self._shards is None:
             return (grads,)
         if grads is None:
             return (None,) * len(self._shards["params"])
         out = []
-        for params in self._shards["params"]:
-            names = {n for p in params for n in (f"{p}_grad", p + TOUCHED_SUFFIX, p + RENORMED)}
+        for rank, params in enumerate(self._shards["params"]):
+            pieces = self._pieces[rank].items()
+            spanned = [p for buf, lo, hi in self._pieces[rank].values() for p, *_ in spans(buf, lo, hi)]
+            names = {n for p in params for n in (f"{p}_grad", p + TOUCHED_SUFFIX)} | {
+                p + RENORMED for p in [*params, *spanned]}
             stats = {n: a for n, a in grads["stats"].items() if not n.endswith(RENORMED) or n in names}
-            out.append({**grads, "grads": {n: a for n, a in grads["grads"].items() if n in names}, "stats": stats,
+            mine = {n: a for n, a in grads["grads"].items() if n in names}
+            mine.update({f"{piece}_grad": gather(buf, lo, hi, grads["grads"], "_grad") for piece, (buf, lo, hi)
+                         in pieces if grads["grads"]})  # none: a shard whose labels all count for nothing
+            out.append({**grads, "grads": mine, "stats": stats,
                         "touched": {n: a for n, a in grads["touched"].items() if n in names}})
         return tuple(out)
 
@@ -69,10 +92,13 @@ class ShardedUpdate:
         """Every worker's gradients of this shard (``_parts``) averaged, kept for ``apply_shard``;
         returns this shard's ``norm_parts`` (found_inf, its share of the norm: False and 0 for a shard
         of no params)."""
-        self._feeds = self._averaged(gathered)
+        self._feeds = feeds = self._averaged(gathered)
+        for piece, (buf, lo, hi) in self._pieces[self.rank].items():  # after the renormalised params are taken
+            host = {p: self._update.to_host(self._state[p]) for p, *_ in spans(buf, lo, hi)}
+            feeds[piece] = self._state[piece] = self._update.to_device(gather(buf, lo, hi, host))
         if not {FOUND_INF, TOTAL_NORM} & self._update_inputs:
             return {}
-        if not self._mine:
+        if not self._mine and not self._pieces[self.rank]:
             return {FOUND_INF: False,
                     NORM_PART: np.zeros((), self._norm_dtype) if self._norm_dtype is not None else None}
         if not hasattr(self, "_norm_parts"):
@@ -93,7 +119,10 @@ class ShardedUpdate:
             feeds[TOTAL_NORM] = norm
         self._feeds = {}
         self._run_update(feeds)
-        new = {p: self._update.to_host(self._state[p]) for p in self._mine}
+        new = {p: self._update.to_host(self._state[p]) for p in [*self._mine, *self._pieces[self.rank]]}
+        self._scatter(self.rank, new)
+        for piece in self._pieces[self.rank]:
+            del self._state[piece]  # not a carried tensor: gathered again next step
         return new, None if norm is None else float(norm)
 
     def update_shard(self, step: int, *gathered: Optional[dict]) -> tuple[dict, Optional[float]]:
@@ -106,7 +135,18 @@ class ShardedUpdate:
         for rank, update in enumerate(updates):
             if rank != self.rank:
                 for name, value in update.items():
-                    self._state[name] = self._update.to_device(np.asarray(value))
+                    if name not in self._pieces[rank]:
+                        self._state[name] = self._update.to_device(np.asarray(value))
+                self._scatter(rank, update)
+
+    def _scatter(self, rank: int, update: dict) -> None:
+        """Write rank ``rank``'s new slices of split buffers (in ``update``) into the params."""
+        def read(param: str) -> np.ndarray:
+            return self._update.to_host(self._state[param])
+
+        for piece, (buf, lo, hi) in self._pieces[rank].items():
+            for name, value in scatter(buf, lo, hi, np.asarray(update[piece]), read).items():
+                self._state[name] = self._update.to_device(value)
 
 
 def _numpy_dtype(elem_type: int) -> np.dtype:
