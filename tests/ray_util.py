@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -52,3 +54,21 @@ def workers_step_as_torch(arts, backend, batches, want, twin, names, want_eval=(
         np.testing.assert_allclose(evaluated, want_eval, rtol=1e-12)
     finally:
         trainer.shutdown()
+
+
+@contextlib.contextmanager
+def unhandled_errors():
+    """The errors Ray logs as never read ("Unhandled error", with the worker's traceback) while
+    the block runs and for 1 s after, as their objects are freed."""
+    import ray._private.worker as ray_worker  # Ray's hook, "visible for testing"
+
+    seen: list = []
+    original, ray_worker._unhandled_error_handler = ray_worker._unhandled_error_handler, seen.append
+    try:
+        yield seen
+        import gc as collector
+
+        collector.collect()
+        time.sleep(1.0)
+    finally:
+        ray_worker._unhandled_error_handler = original

@@ -28,7 +28,7 @@ from graphc.errors import ArtifactsError
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
-from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+from ray_util import ray_cluster, unhandled_errors  # noqa: F401 - the module's fixture
 from trainer_models import Contrastive, Prototypes, blobs, without_prediction
 
 pytestmark = [pytest.mark.xdist_group("ray"),
@@ -907,24 +907,6 @@ class _Pairs(nn.Module):
         return {"logits": (pairs - pairs.mean(axis=1, keepdims=True) * 0.5).reshape(-1, 3)}
 
 
-@contextlib.contextmanager
-def _unhandled_errors():
-    """The errors Ray logs as never read ("Unhandled error", with the worker's traceback) while
-    the block runs and for 1 s after, as their objects are freed."""
-    import ray._private.worker as ray_worker  # Ray's hook, "visible for testing"
-
-    seen: list = []
-    original, ray_worker._unhandled_error_handler = ray_worker._unhandled_error_handler, seen.append
-    try:
-        yield seen
-        import gc as collector
-
-        collector.collect()
-        time.sleep(1.0)
-    finally:
-        ray_worker._unhandled_error_handler = original
-
-
 def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tmp_path):
     """The workers apply the previous update at the start of a step's call; a call that fails
     on a worker, or that the driver stops waiting for, must not make them apply it again."""
@@ -938,7 +920,7 @@ def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tm
     # 7 rows: rank 1's 3 rows fail, rank 0's 4 do not; the error said only "ort-cpu failed while running node
     # 'Reshape' ... Input shape:{3,3}" (a shape the batch does not have), and Ray logged it again as unhandled
     pids = dp.worker_pids()
-    with _unhandled_errors() as unhandled:
+    with unhandled_errors() as unhandled:
         with pytest.raises(gc.errors.BackendError) as failed:
             dp.step({k: v[:7] for k, v in data.items()})
         assert str(failed.value).startswith(f"worker rank 1 (pid {pids[1]}) on rows 4:7 of the batch failed during "

@@ -9,13 +9,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
 
 import graphc as gc
 from graphc.runtime.distributed.optimizer_shards import ShardPlan
-from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+from ray_util import ray_cluster, unhandled_errors  # noqa: F401 - the module's fixture
 
 pytestmark = [pytest.mark.xdist_group("ray"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
@@ -218,9 +219,11 @@ def test_checkpoints_resume_across_sharding(ray_cluster, tmp_path, first):
         after.shutdown()
 
 
-def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster):
-    """Rank 1 (owner of a shard) killed before step 7 (epoch 2's second): the workers restart from the
-    epoch's start, each loading its shard's state again, and the run ends as one process's."""
+@pytest.mark.parametrize("mid", [False, True], ids=["before-the-step", "mid-step"])
+def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster, mid):
+    """Rank 1 (owner of a shard) killed before step 7 (epoch 2's second), or stopped as it starts and
+    killed while rank 0 waits on its share of the update: the workers restart from the epoch's start,
+    each loading its shard's state again, and the run ends as one process's."""
     arts, data = _arts(OPTIMIZERS["sgd-momentum"](CLIP)), _data(26)
     one = gc.Trainer(arts, backend="numpy")
     want = one.fit(_loader(data), epochs=2, progress=False, quiet=True)
@@ -230,13 +233,14 @@ def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster):
     def kill_before_step_7(batch):
         if dp.step_count == 6 and not killed:
             killed.append(dp.worker_pids()[1])
-            os.kill(killed[0], signal.SIGKILL)
+            _kill_held(killed[0]) if mid else os.kill(killed[0], signal.SIGKILL)
         return step(batch)
 
     dp.step = kill_before_step_7
     try:
-        with pytest.warns(UserWarning, match="restarting the 2 workers from step 5"):
+        with pytest.warns(UserWarning, match="restarting the 2 workers from step 5"), unhandled_errors() as unhandled:
             got = dp.fit(_loader(data), epochs=2, progress=False, quiet=True)
+        assert unhandled == []
         assert killed and dp.step_count == 10
         np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
         np.testing.assert_allclose(got.step_grad_norms, want.step_grad_norms, rtol=1e-12)
@@ -247,6 +251,40 @@ def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster):
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
+def _kill_held(pid: int, after_s: float = 1.0) -> threading.Timer:
+    """Stop worker ``pid`` now and kill it ``after_s`` later, while the others wait on its share of a step."""
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(after_s, os.kill, (pid, signal.SIGKILL))
+    timer.start()
+    return timer
+
+
+def test_a_worker_killed_mid_step_fails_the_step_naming_it(ray_cluster, tmp_path):
+    """Rank 1 stopped as step 3 starts and killed while rank 0, its gradients done, waits on rank 1's
+    share of the clipped update: the step fails naming rank 1 alone, no error Ray would log as never read
+    (the exchanged shares settled), the step count stays 2, and the state cannot be read or saved, as no
+    worker holds rank 1's optimizer state (WorkerLost; no file)."""
+    arts = _arts(OPTIMIZERS["adamw"](CLIP), width=24)
+    dp = gc.Trainer(arts, shard_optimizer=True, **WORKERS)
+    try:
+        for _ in range(2):
+            dp.step(_data(8))
+        pids = dp.worker_pids()
+        with unhandled_errors() as unhandled:
+            timer = _kill_held(pids[1])
+            with pytest.raises(gc.distributed.WorkerLost,
+                               match=rf"^worker rank 1 \(pid {pids[1]}\) on rows 4:8 of the batch died during "
+                                     "training step 3"):
+                dp.step(_data(8))
+            timer.join()
+        assert unhandled == [] and dp.step_count == 2
+        with pytest.raises(gc.distributed.WorkerLost):
+            dp.save_checkpoint(tmp_path / "ckpt.safetensors")
+        assert not (tmp_path / "ckpt.safetensors").exists()
+    finally:
+        dp.shutdown()
+
+
 def test_plan_balances_bytes_within_an_element(workers):
     """A 4-layer MLP of 1024-wide layers, AdamW: its four 4 MiB weights (a buffer each) and the buffer
     of its biases cut into shards of equal bytes to the float32 element, the buffers split where they

@@ -30,10 +30,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from graphc.errors import GraphcError
 from graphc.runtime.accumulating import AccumulatingTrainer, check_accumulable, checked_accumulate, counting
 from graphc.runtime.averaging import divisor
-from graphc.runtime.distributed.cluster import settle
+from graphc.runtime.distributed.cluster import settled
 from graphc.runtime.distributed.trainer import DistributedTrainer
 
 __all__ = ["DistributedAccumulatingTrainer"]
@@ -75,15 +74,12 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
             calls = [[r.step.options(num_returns=self._returns if index + 1 == len(plans) else 2).remote(
                 m, *([] if index else self._pending)) for r, m in zip(self._replicas, messages)]
                 for index, (messages, _) in enumerate(plans)]
-            pending, combine = self._updates(calls[-1], True)
-            try:
+            pending, combine, shares = self._updates(calls[-1], True)
+            made = [grads for call in calls for _, *parts in call for grads in parts]  # unsharded: pending too
+            with settled(self._ray, made + pending + combine + shares + self._pending):
                 infos = [self._get([info for info, *_ in call], f"{what}, micro-batch {index + 1} of {len(batches)}",
                                    bounds) for index, (call, (_, bounds)) in enumerate(zip(calls, plans))]
                 norms = self._get(combine, f"the optimizer update of step {self.step_count + 1}")
-            except GraphcError:
-                made = [grads for call in calls for _, *parts in call for grads in parts]  # unsharded: pending too
-                settle(self._ray, made + pending + combine)
-                raise
             self._pending = pending if self._plan is not None else []
             self.combines += 1
             total = divisor(self.manifest.loss, sum(i["weight"] for part in infos for i in part),

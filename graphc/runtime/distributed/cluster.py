@@ -7,6 +7,7 @@ A cluster graphc starts itself (no address, none running) serves this machine on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ INSTALL_HINT = 'pip install "graphc[ray]"'
 # usage reporting. Set before Ray is imported: it reads them at import.
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 PROBE_S = 10.0  # how long a cluster's address may take to accept a connection (ray.init retries for minutes)
+LOST_SETTLE_S = 5.0  # how long the calls that take a lost worker's objects may take to fail (settled)
 BUSY_S = 30.0  # how long resources others hold may take to be freed (a trainer just shut down frees them late)
 
 
@@ -130,13 +132,25 @@ def get(ray, refs: Any, timeout: Optional[float], what: str, who: Optional[Seque
         raise GraphcError(f"{what} took more than {timeout:g} s{late}; raise timeout_s or check the cluster") from None
 
 
-def settle(ray, refs: list) -> None:
+def settle(ray, refs: list, wait_s: float = 0.0) -> None:
     """Read what each of ``refs`` that is done holds, dropping its error: a call that failed left
     one in every object it returns, and Ray logs an error never read ("Unhandled error", with the
-    worker's traceback) once its object is freed, after graphc raised it already. A ref given twice
-    is read once (``ray.wait`` refuses duplicates)."""
-    for ref in _done(ray, list(dict.fromkeys(refs))):
+    worker's traceback) once its object is freed, after graphc raised it already. ``wait_s``: how long
+    the others may take to be done (the calls that take a lost worker's objects fail after it). A ref
+    given twice is read once (``ray.wait`` refuses duplicates)."""
+    for ref in _done(ray, list(dict.fromkeys(refs)), wait_s):
         _error(ray, ref)  # the error was raised from another of the call's objects
+
+
+@contextlib.contextmanager
+def settled(ray, refs: list):
+    """``settle`` ``refs`` where the block raises a ``GraphcError`` (a worker lost, failed or late),
+    after a worker lost giving the calls that wait on it ``LOST_SETTLE_S`` to fail."""
+    try:
+        yield
+    except GraphcError as exc:
+        settle(ray, refs, LOST_SETTLE_S if isinstance(exc, WorkerLost) else 0.0)
+        raise
 
 
 def _named(ray, refs: list, who: Optional[Sequence[str]], errors: Optional[tuple]) -> str:
@@ -150,9 +164,9 @@ def _named(ray, refs: list, who: Optional[Sequence[str]], errors: Optional[tuple
     return ", ".join(name for ref, name in zip(refs, who) if ref in done and isinstance(_error(ray, ref), errors))
 
 
-def _done(ray, refs: list) -> list:
-    """Those of ``refs`` that are done, without waiting."""
-    return ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+def _done(ray, refs: list, wait_s: float = 0.0) -> list:
+    """Those of ``refs`` that are done, waiting at most ``wait_s`` for the others."""
+    return ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]
 
 
 def _error(ray, ref) -> Optional[Exception]:

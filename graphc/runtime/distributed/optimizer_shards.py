@@ -115,17 +115,19 @@ class ShardPlan:
                     args["norm_dtype"]))
         return out
 
-    def issue(self, replicas: list, step: int, calls: list) -> tuple[list, list]:
+    def issue(self, replicas: list, step: int, calls: list) -> tuple[list, list, list]:
         """Make the owners' updates to ``step`` from the step ``calls`` (each worker's (info, one
-        gradients object per shard) refs), without waiting: returns the refs of each rank's new params
-        and of its total norm before clipping (None without ``max_grad_norm``)."""
+        gradients object per shard) refs), without waiting: returns the refs of each rank's new params,
+        of its total norm before clipping (None without ``max_grad_norm``) and of its exchanged share
+        (``reduce_shard``; none without an exchange), which a failed step settles."""
         mine = [[parts[rank] for _, *parts in calls] for rank in range(self.workers)]
+        shares = []
         if self.exchanges:
             shares = [r.reduce_shard.remote(step, *grads) for r, grads in zip(replicas, mine)]
             out = [r.apply_shard.options(num_returns=2).remote(step, *shares) for r in replicas]
         else:
             out = [r.update_shard.options(num_returns=2).remote(step, *grads) for r, grads in zip(replicas, mine)]
-        return [params for params, _ in out], [norm for _, norm in out]
+        return [params for params, _ in out], [norm for _, norm in out], shares
 
     def layout(self) -> dict[str, Any]:
         """What each worker is told (``Replica.setup``): every rank's params, and the state the others own."""

@@ -52,7 +52,7 @@ import numpy as np
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.averaged_copy import DriverAveraging
 from graphc.runtime.distributed.batch_messages import BatchMessages
-from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settle
+from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get, settled
 from graphc.runtime.distributed.connection import Connection, DrivesWorkers
 from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.loader_batches import LoaderBatch, ReadOnWorkers, read_on_workers, ray_data_first
@@ -249,17 +249,16 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
             for message in messages:
                 message["renorm_rows"] = len(rows)
             calls = self._step_calls(messages, rows)
-            pending, update = self._updates(calls, norm)
-            try:
+            pending, update, shares = self._updates(calls, norm)
+            made = [grads for _, *parts in calls for grads in parts] + pending + update + shares
+            with settled(self._ray, made + self._pending):  # the last update's too: a worker may have died in it
                 infos = self._get([info for info, *_ in calls], f"training step {self.step_count + 1}", bounds)
-            except GraphcError:
-                settle(self._ray, [grads for _, *parts in calls for grads in parts] + pending + update)
-                raise
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = pending, {}
             self.step_count += 1
             if norm:  # a failed update stays pending: the next call sends it again, applied once
-                self._step_outputs = {self._grad_norm: np.asarray(self._applied(update, sharded=self._plan))}
+                with settled(self._ray, made):
+                    self._step_outputs = {self._grad_norm: np.asarray(self._applied(update, sharded=self._plan))}
             if metrics:
                 self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
@@ -278,15 +277,16 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
         rank, (lo, hi) = next((r, b) for r, b in enumerate(bounds) if b[0] <= row < b[1])
         return f"; in the shard of {self._who[rank]}, rows {lo}:{hi} of the batch"
 
-    def _updates(self, calls: list, norm: bool) -> tuple[list, list]:
+    def _updates(self, calls: list, norm: bool) -> tuple[list, list, list]:
         """(what the next step's calls take, the refs whose first gives the norm before clipping where
-        ``norm``) for the step ``calls``: every worker's gradients, and with ``norm`` the update, made
-        at once; sharded, the owners' updates, made at once (``ShardPlan.issue``)."""
+        ``norm``, the other refs made) for the step ``calls``: every worker's gradients, and with ``norm``
+        the update, made at once; sharded, the owners' updates, made at once (``ShardPlan.issue``), the
+        norms unread without ``norm`` and the exchanged shares the others."""
         if self._plan is not None:
-            updates, norms = self._plan.issue(self._replicas, self.step_count + 1, calls)
-            return updates, norms if norm else []
+            updates, norms, shares = self._plan.issue(self._replicas, self.step_count + 1, calls)
+            return (updates, norms, shares) if norm else (updates, [], norms + shares)
         grads = [g for _, g in calls]
-        return grads, [r.apply.remote(self.step_count + 1, *grads) for r in self._replicas] if norm else []
+        return grads, [r.apply.remote(self.step_count + 1, *grads) for r in self._replicas] if norm else [], []
 
     def _step_calls(self, messages: list[dict], rows: list) -> list:
         """Each worker's step call, given ``rows`` (every worker's ``renorm_rows`` refs) and the last
