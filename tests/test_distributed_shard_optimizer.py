@@ -250,7 +250,6 @@ def test_a_killed_worker_restarts_from_the_epochs_start(ray_cluster, mid):
         dp.shutdown()
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
 def _kill_held(pid: int, after_s: float = 1.0) -> threading.Timer:
     """Stop worker ``pid`` now and kill it ``after_s`` later, while the others wait on its share of a step."""
     os.kill(pid, signal.SIGSTOP)
@@ -285,6 +284,7 @@ def test_a_worker_killed_mid_step_fails_the_step_naming_it(ray_cluster, tmp_path
         dp.shutdown()
 
 
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_plan_balances_bytes_within_an_element(workers):
     """A 4-layer MLP of 1024-wide layers, AdamW: its four 4 MiB weights (a buffer each) and the buffer
     of its biases cut into shards of equal bytes to the float32 element, the buffers split where they
