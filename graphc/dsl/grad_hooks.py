@@ -6,7 +6,10 @@ before the call too, read the hook's output instead, so the hook sees ``t``'s wh
 later hook on the same value is put between the value and the earlier hooks' slots, so the gradient meets the hooks
 in registration order. The hook runs once, at registration, on a placeholder gradient: what it computes is captured
 into the Function's backward; a hook that returns None computes nothing there (printing or storing the gradient
-sees the placeholder, not values). ``graphc.nn.backward_hooks`` builds a module's backward hooks on ``apply_hook``.
+sees the placeholder, not values). A hook's nodes go in the scope that made the value (a parameter first read in a
+control-flow body: the main graph); registering one in a body on a value from outside it is refused (torch would
+register it at every step, or only when the branch runs). ``graphc.nn.backward_hooks`` builds a module's backward
+hooks on the same Functions.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import onnx_ir as ir
 
 from graphc.dsl import ops
 from graphc.dsl.autograd import Function
-from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.builder import Builder, Scope, active, user_source
+from graphc.dsl.inplace import outside_body
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
-__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "refuse_no_grad", "register_hook"]
+__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "refuse_in_body", "refuse_no_grad",
+           "register_hook"]
 
 
 def hook_label(hook: Any) -> str:
@@ -69,6 +74,14 @@ def refuse_no_grad(tensor: Tensor | None, what: str) -> None:
     if tensor is not None and tensor.dtype not in FLOAT_DTYPES:
         raise CaptureError(f"{what}: cannot register a hook on a tensor that doesn't require gradient "
                            f"({tensor.name} is {tensor.type_str()})")
+
+
+def refuse_in_body(what: str, name: str) -> None:
+    """Refuse a hook registered, in a control-flow body, on ``name``, a value made outside it."""
+    raise CaptureError(f"{what}: {name} is a value from outside the gc.cond/gc.scan/gc.fori_loop/gc.while_loop/"
+                       "gc.vmap body being traced; a body is traced once, where torch would register the hook at "
+                       "every step (or only when the branch runs): register it outside the body, or on a value the "
+                       "body computes")
 
 
 @dataclass
@@ -116,6 +129,8 @@ def register_hook(tensor: Tensor, hook: Any) -> HookHandle:
         raise CaptureError(f"{where}: {tensor.name} is outside gc.capture, where no gradient is taken; register "
                            "the hook in forward, or on a gc.nn.Parameter (param.register_hook)")
     refuse_no_grad(tensor, where)
+    if outside_body(tensor):
+        refuse_in_body(where, tensor.name)
     return HookHandle(apply_hook(builder, tensor, hook, f"the hook {hook_label(hook)} registered at {user_source()}"))
 
 
@@ -123,14 +138,16 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
     """Put ``hook`` on ``tensor``'s value (see the module's docstring); returns what takes it off again."""
     points = _POINTS.setdefault(builder, {})
     point = points.get(id(tensor.value)) or _Point(tensor.value)
-    scope = builder.scope
+    scope = next((s for s in builder.scopes if s.id == tensor._scope), builder.scope)
     start = len(scope.nodes)
+    builder.scopes.append(scope)  # emitted where the value is made
     state = builder.set_gradients(True)
     try:
         slot = ops.emit("Identity", [Tensor(point.base)], name_hint="hook_slot")
         out = TensorHook.apply(slot, hook, where).value
     finally:
         builder.restore_gradients(state)
+        builder.scopes.pop()
     made = scope.nodes[start:]
     del scope.nodes[start:]
     producer = point.base.producer()
@@ -144,10 +161,11 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
         tensor._ir = out
     points[id(point.base)] = points[id(out)] = point
     point.slots.insert(0, slot_node)
-    return lambda: _remove(builder, tensor, point, slot_node, made)
+    return lambda: _remove(builder, scope, tensor, point, slot_node, made)
 
 
-def _remove(builder: Builder, tensor: Tensor, point: _Point, slot_node: ir.Node, made: list[ir.Node]) -> None:
+def _remove(builder: Builder, scope: Scope, tensor: Tensor, point: _Point, slot_node: ir.Node,
+            made: list[ir.Node]) -> None:
     """Take one hook off: its output's readers read its slot's input again, its nodes leave the graph (its
     backward stays in the model, called by no node). After the capture: nothing (the model is built)."""
     if active() is not builder or slot_node not in point.slots:
@@ -155,7 +173,7 @@ def _remove(builder: Builder, tensor: Tensor, point: _Point, slot_node: ir.Node,
     out, source = made[-1].outputs[0], slot_node.inputs[0]  # made: the slot, then the Function's marker
     for node, index in list(out.uses()):
         node.replace_input_with(index, source)
-    nodes = builder.scope.nodes
+    nodes = scope.nodes
     nodes[:] = [n for n in nodes if all(n is not m for m in made)]
     for node in made:
         for index in range(len(node.inputs)):

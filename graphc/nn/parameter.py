@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
-from graphc.dsl.grad_hooks import HookHandle, apply_hook, hook_label
+from graphc.dsl.grad_hooks import HookHandle, apply_hook, hook_label, refuse_in_body
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -98,11 +98,13 @@ class Parameter(Sized):
             why = "a buffer" if self.buffer else "complex" if self.complex else "frozen (requires_grad=False)"
             raise CaptureError(f"{where}: cannot register a hook on a tensor that doesn't require gradient "
                                f"(parameter {self.qualname or ''} is {why})")
+        builder = active()
+        if builder is not None and len(builder.scopes) > 1:
+            refuse_in_body(where, f"parameter {self.qualname}" if self.qualname else "this parameter")
         key = object()
         label = f"the hook {hook_label(hook)} registered at {user_source()}"
         self.grad_hooks[key] = (hook, label)
         handle = HookHandle(lambda: self.grad_hooks.pop(key, None))
-        builder = active()
         if builder is not None and id(self) in builder.param_tensors:  # already read in this capture
             handle.add(apply_hook(builder, builder.param_tensors[id(self)], hook, label))
         return handle
