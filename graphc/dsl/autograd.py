@@ -93,6 +93,22 @@ def backwards(builder: Builder) -> dict[ir.OperatorIdentifier, ir.Function]:
     return {} if finisher is None else {function.identifier(): function for function, *_ in finisher.pending}
 
 
+def rebind(builder: Builder, old: ir.Value, new: ir.Value) -> None:
+    """The Functions applied so far whose gradient goes to ``old`` send it to ``new`` instead: a hook put between
+    ``old`` and its readers (``graphc.dsl.grad_hooks``) sees the gradient through a Function that read ``old``."""
+    finisher = builder.finishers.get(_FUNCTIONS_KEY)
+    for _, record, inputs, reads, marks in [] if finisher is None else finisher.pending:
+        if any(v is old for v in inputs):
+            inputs[:] = [new if v is old else v for v in inputs]
+            _Finisher._write(record, inputs, reads, marks)
+
+
+def discard(builder: Builder, marker: ir.Node) -> None:
+    """Forget the Function whose marker is ``marker`` (a removed hook's): its backward stays out of the model."""
+    finisher = builder.finishers[_FUNCTIONS_KEY]
+    finisher.pending = [p for p in finisher.pending if all(m.value.producer() is not marker for m in p[4])]
+
+
 def _apply(cls: type, args: tuple, source: str) -> Any:
     builder = active()
     where = f"gc.autograd.Function {cls.__name__} (applied at {source})"

@@ -21,6 +21,7 @@ from typing import Any
 import onnx_ir as ir
 
 from graphc.dsl import ops
+from graphc.dsl import autograd
 from graphc.dsl.autograd import Function
 from graphc.dsl.builder import Builder, Scope, active, user_source
 from graphc.dsl.inplace import outside_body
@@ -157,6 +158,7 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
     for node, index in list(point.base.uses()):
         if node is not slot_node:
             node.replace_input_with(index, out)
+    autograd.rebind(builder, point.base, out)
     if not point.slots:
         tensor._ir = out
     points[id(point.base)] = points[id(out)] = point
@@ -166,8 +168,9 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
 
 def _remove(builder: Builder, scope: Scope, tensor: Tensor, point: _Point, slot_node: ir.Node,
             made: list[ir.Node]) -> None:
-    """Take one hook off: its output's readers read its slot's input again, its nodes leave the graph (its
-    backward stays in the model, called by no node). After the capture: nothing (the model is built)."""
+    """Take one hook off: its output's readers read its slot's input again, and the Functions that sent a gradient
+    to its output send it there; its nodes and its backward leave the model. After the capture: nothing (the model
+    is built)."""
     if active() is not builder or slot_node not in point.slots:
         return
     out, source = made[-1].outputs[0], slot_node.inputs[0]  # made: the slot, then the Function's marker
@@ -178,6 +181,8 @@ def _remove(builder: Builder, scope: Scope, tensor: Tensor, point: _Point, slot_
     for node in made:
         for index in range(len(node.inputs)):
             node.replace_input_with(index, None)
+    autograd.rebind(builder, out, source)
+    autograd.discard(builder, made[-1])
     point.slots.remove(slot_node)
     if tensor._ir is out:
         tensor._ir = source
