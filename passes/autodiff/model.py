@@ -162,6 +162,28 @@ def _dummy(value: ir.Value) -> np.ndarray:
     return np.zeros(dims, dtype=value.dtype.numpy())
 
 
+def body_constants_as_nodes(model: ir.Model) -> int:
+    """Each subgraph's initializers (``gc.optimize`` folds a Loop or Scan body's constants into them) as Constant
+    nodes at the subgraph's start, under their names: the gradient copies a body's nodes (unrolled steps, the
+    reverse-mode backward, a Function's region), never its initializers. In place; returns how many."""
+    count = 0
+    for sub in [a.value for n in ir.traversal.RecursiveGraphIterator(model.graph) for a in n.attributes.values()
+                if a.type == ir.AttributeType.GRAPH]:
+        for name, value in list(sub.initializers.items()):
+            if value.is_graph_input():
+                continue
+            node = ir.node("Constant", [], attributes={"value": value.const_value}, name=f"{name}/Constant")
+            if len(sub):
+                sub.insert_before(sub[0], node)
+            else:
+                sub.append(node)
+            value.replace_all_uses_with(node.outputs[0], replace_graph_outputs=True)
+            sub.initializers.pop(name)
+            node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = name, value.type, value.shape
+            count += 1
+    return count
+
+
 # function ops autodiff leaves alone: integer index builders with no gradient to give (Range's
 # body is a Loop, which would hide the ranks of everything computed from it)
 _KEEP_UNEXPANDED = frozenset({"Range"})
@@ -169,12 +191,14 @@ _KEEP_UNEXPANDED = frozenset({"Range"})
 
 def expand_for_autodiff(model: ir.Model) -> int:
     """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
-    into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``),
-    Loops whose step count the constants decide unrolled (``unroll_static_loops``; the Ifs in
-    their copies then fold), sequences of a known length as tensors (``lower_sequences``); and
+    into their bodies (``expand_functions``), bodies' initializers as Constants
+    (``body_constants_as_nodes``), RNN/GRU/LSTM unrolled (``unroll_recurrent``), Loops whose
+    step count the constants decide unrolled (``unroll_static_loops``; the Ifs in their copies
+    then fold), sequences of a known length as tensors (``lower_sequences``); and
     ceil_mode pools onnxruntime would mis-shape as floor pools (``floor_ceil_pools``).
     Returns how many nodes were rewritten."""
-    count = (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
+    count = (body_constants_as_nodes(model)
+             + expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
              + unroll_recurrent(model) + floor_ceil_pools(model))
     loops = unroll_static_loops(model)
     if loops:
