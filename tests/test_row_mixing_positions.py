@@ -103,6 +103,9 @@ PICKS = {
     "shifted": (lambda p, n, y: p[(n + 1) % p.shape[0], y], ["GatherND"]),
     "label_as_row": (lambda p, n, y: p[y, n % 3], ["GatherND"]),
     "flattened": (lambda p, n, y: p.reshape(-1)[n], ["Gather"]),  # the first N of the N * 3 values: not row i's
+    "flat_index": (lambda p, n, y: p.reshape(-1)[n * 3 + y], []),  # row i's block of 3, torch.onnx's flat index
+    "flat_stride_2": (lambda p, n, y: p.reshape(-1)[n * 2 + y], ["Gather"]),
+    "halved": (lambda p, n, y: p[n // 2, y], ["GatherND"]),
 }
 
 

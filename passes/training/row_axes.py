@@ -18,7 +18,8 @@ from graphc.passes.evaluate import folded_array
 from graphc.passes.training.row_shapes import shape_of
 from graphc.passes.values import const_axes
 
-__all__ = ["BIG", "Mixes", "RULES", "Rows", "constant", "int_attr", "norm_axis", "only_rows", "rank_of", "rule"]
+__all__ = ["BIG", "Mixes", "RULES", "Rows", "constant", "int_attr", "norm_axis", "only_rows", "product", "rank_of",
+           "rule"]
 
 
 @dataclass(frozen=True)
@@ -290,13 +291,15 @@ def squeeze(node: ir.Node, ins: Ins) -> list[Rows | None]:
     return [replace(r, axis=r.axis - sum(a < r.axis for a in axes))]
 
 
-def _product(dims: Sequence) -> Counter | None:
+def product(dims: Sequence) -> Counter | None:
     """A product of dims as a Counter of its symbols, and its int factor under ``1``; None if a dim
     is unknown (or one shape inference made up, ``unk__3``, which stands for no known product)."""
     out: Counter = Counter({1: 1})
     for d in dims:
         if d is None or isinstance(d, str) and d.startswith("unk__"):
             return None
+        if isinstance(d, str) and "*" in d:  # the dynamo exporter's "3*N"
+            d = product([int(f) if f.strip().isdigit() else f.strip() for f in d.split("*")])
         if isinstance(d, Counter):
             out.update({s: n for s, n in d.items() if s != 1})
             out[1] *= d[1]
@@ -314,15 +317,15 @@ def _regroup(before: Sequence | None, axis: int, after: Sequence | None) -> int 
     ``axis``. None when the shapes do not show one."""
     if before is None or after is None:
         return None
-    prefix, rest = _product(before[:axis]), _product(before[axis + 1:])
+    prefix, rest = product(before[:axis]), product(before[axis + 1:])
     if prefix is None:
         return None
     for j in range(len(after)):
-        if _product(after[:j]) != prefix or _product([after[j]]) == Counter({1: 1}):
+        if product(after[:j]) != prefix or product([after[j]]) == Counter({1: 1}):
             continue
         if after[j] == before[axis] and before[axis] is not None:  # as many slices as rows: each slice a row
             return j
-        suffix = _product(after[j + 1:])
+        suffix = product(after[j + 1:])
         if suffix is None or rest is None or suffix[1] == 0 or rest[1] % suffix[1]:
             return None
         return j if all(rest[s] >= n for s, n in suffix.items() if s != 1) else None
@@ -335,7 +338,7 @@ def reshape(node: ir.Node, ins: Ins) -> list[Rows | None]:
     before = shape_of(node.inputs[0])
     if node.op_type == "Flatten" and before is not None:
         at = norm_axis(int_attr(node, "axis", 1), len(before))
-        after: Sequence | None = [_product(before[:at]), _product(before[at:])]
+        after: Sequence | None = [product(before[:at]), product(before[at:])]
     else:
         after = shape_of(node.outputs[0])
     j = _regroup(before, r.axis, after)

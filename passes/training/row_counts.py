@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from graphc.passes.training.row_axes import Rows
-from graphc.passes.training.row_positions import Dims, Fact, Own
+from graphc.passes.training.row_positions import Dims, Fact, Linear, Own
 
 __all__ = ["SHAPE_INPUTS", "Counted", "bare", "counted", "reaching"]
 
@@ -55,14 +55,14 @@ def bare(fact: Fact | Counted) -> Fact:
 
 def counted(node: ir.Node, facts: Sequence[Fact | Counted], followed: bool, where: tuple[str, ...]) -> Counted | None:
     """What ``node``'s outputs compute from a count: a ``Counted`` input's, read for its values; or, where
-    no ``row_positions`` rule followed ``node``, a position (``Own``) or size (``Dims``) it reads as a
-    value, ``node`` the origin."""
+    no ``row_positions`` rule followed ``node``, a position (``Own``, ``Linear``) or size (``Dims``) it reads
+    as a value, ``node`` the origin."""
     shapes = SHAPE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     values = [f for i, f in enumerate(facts) if i not in shapes]
     first = next((f for f in values if isinstance(f, Counted)), None)
     if first is not None or followed:
         return first
-    for kind, what in ((Own, "positions"), (Dims, "size")):
+    for kind, what in (((Own, Linear), "positions"), (Dims, "size")):
         if any(isinstance(f, kind) for f in values):
             return Counted(node, what, where)
     return None
@@ -73,6 +73,6 @@ def reaching(value: ir.Value, fact: Fact | Counted, where: tuple[str, ...]) -> C
     origin)."""
     if isinstance(fact, Counted):
         return fact
-    if isinstance(fact, (Dims, Own)) and value.producer() is not None:
-        return Counted(value.producer(), "positions" if isinstance(fact, Own) else "size", where)
+    if isinstance(fact, (Dims, Own, Linear)) and value.producer() is not None:
+        return Counted(value.producer(), "size" if isinstance(fact, Dims) else "positions", where)
     return None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
+from graphc.passes.training import row_axes_select, row_linear  # noqa: F401 - register their rules
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
 from graphc.passes.training.row_counts import Counted, bare, counted, reaching
 from graphc.passes.training.row_positions import Fact, plain, positions

@@ -6,7 +6,9 @@ to a rule that takes a node and its inputs' facts (``Rows``, ``Dims``, ``Own`` o
 outputs' facts, or None where it does not apply (the ``row_axes`` rules then see ``plain`` facts). A
 position shifted, permuted or computed (``(b + 1) % N``, a flip) is no fact here: indexing rows by it
 mixes, as before, and ``row_counts`` reports a position or a count read as a value. A shape's other
-elements (``x.shape[1]``) and a position times zeros are no fact either."""
+elements (``x.shape[1]``) and a position times zeros are no fact either. ``row_linear`` adds the flat index
+torch.onnx's TorchScript exporter writes for ``z[torch.arange(B), y]`` (``Linear``); an op may have more than
+one rule: the first that applies gives its outputs' facts."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import onnx_ir as ir
 from graphc.passes.training.row_axes import RULES, Mixes, Rows, constant, int_attr, norm_axis, rank_of
 from graphc.passes.training.row_shapes import shape_of
 
-__all__ = ["POSITIONS", "Dims", "Own", "plain", "positions"]
+__all__ = ["POSITIONS", "Dims", "Linear", "Own", "plain", "positions", "rule"]
 
 
 @dataclass(frozen=True)
@@ -45,26 +47,42 @@ class Own:
     rows: Rows | None = None
 
 
-Fact = Rows | Dims | Own | None
+@dataclass(frozen=True)
+class Linear:
+    """A flat index of each row's own block: the position along ``axis`` (of ``length``) times ``stride``
+    (a product of dims, ``row_axes.product``'s Counter as a frozenset of its items), plus, with ``offset``,
+    a value within the block (a constant below ``stride``, or the row's own label, ``rows``: an index
+    torch checks against the dim it indexes). Indexing a batch axis of ``length`` times ``stride``
+    elements, each row's ``stride`` in turn, by it picks from each row's own block."""
+
+    axis: int
+    length: str | int
+    stride: frozenset
+    offset: bool = False
+    rows: Rows | None = None
+
+
+Fact = Rows | Dims | Own | Linear | None
 Rule = Callable[[ir.Node, Sequence[Fact]], "list[Fact] | None"]
-POSITIONS: dict[str, Rule] = {}
+POSITIONS: dict[str, list[Rule]] = {}
 INTS = {int(t) for t in (ir.DataType.INT32, ir.DataType.INT64)}  # a Cast keeps a count or a position as these
 
 
 def plain(fact: Fact) -> Rows | None:
     """The Rows a fact means to the ``row_axes`` rules: a position or a count holds no row's values."""
-    return fact.rows if isinstance(fact, Own) else fact if isinstance(fact, Rows) else None
+    return fact.rows if isinstance(fact, (Own, Linear)) else fact if isinstance(fact, Rows) else None
 
 
 def positions(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
-    """``node``'s outputs' facts where a rule here follows it, else None."""
-    fn = POSITIONS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    return None if fn is None else fn(node, facts)
+    """``node``'s outputs' facts by the first rule that follows it, else None."""
+    rules = POSITIONS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+    return next((outs for outs in (fn(node, facts) for fn in rules) if outs is not None), None)
 
 
-def _rule(*op_types: str):
+def rule(*op_types: str):
     def register(fn: Rule) -> Rule:
-        POSITIONS.update(dict.fromkeys(op_types, fn))
+        for op_type in op_types:
+            POSITIONS.setdefault(op_type, []).append(fn)
         return fn
     return register
 
@@ -84,7 +102,7 @@ def _own(fact: Fact) -> Own | None:
 
 
 # -- the row count -----------------------------------------------------------------------------------
-@_rule("Shape")
+@rule("Shape")
 def _shape(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     r, shape = facts[0], shape_of(node.inputs[0])
     if not isinstance(r, Rows) or r.copies != 1 or shape is None or not _named(shape[r.axis]):
@@ -105,7 +123,7 @@ def _named(length) -> bool:
     return isinstance(length, int) or isinstance(length, str) and not length.startswith("unk__")
 
 
-@_rule("Slice")
+@rule("Slice")
 def _slice(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     d, given = facts[0], [*node.inputs[1:5], None, None][:4]
     starts, ends, axes, steps = (_ints(v) if v is not None else default
@@ -141,7 +159,7 @@ def _length(vector: ir.Value) -> int | None:
     return max(end - start, 0)
 
 
-@_rule("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Cast", "Identity", "Expand")
+@rule("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Cast", "Identity", "Expand")
 def _move(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """A count kept as one element; a position moved by an Unsqueeze, a Reshape that only adds or drops
     dims of 1, an Expand (of its other axes: along its own, its length is the count already)."""
@@ -178,7 +196,7 @@ def _reshaped(own: Own, before: Sequence | None, after: Sequence | None) -> list
     return [Own(kept[0], own.length)] if len(kept) == 1 and after[kept[0]] == before[own.axis] else None
 
 
-@_rule("Range")
+@rule("Range")
 def _range(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     start, limit, delta = node.inputs[:3]
     fact = facts[1]
@@ -206,7 +224,7 @@ def _zero(value: ir.Value | None) -> bool:
     return node.op_type in ("Add", "Sub") and all(_zero(v) for v in node.inputs)
 
 
-@_rule("Add", "Sub")
+@rule("Add", "Sub")
 def _add(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """A position plus zeros (broadcast along other axes) is the position."""
     at = next((i for i, f in enumerate(facts) if _own(f) is not None), None)
@@ -218,13 +236,13 @@ def _add(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     return [Own(facts[at].axis + out_rank - rank, facts[at].length)]
 
 
-@_rule("Mul")
+@rule("Mul")
 def _times_zero(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """A position or a count times zeros (the other index's broadcast term) is zeros: no fact."""
     return [None] if _zero(node.outputs[0]) and not any(plain(f) for f in facts) else None
 
 
-@_rule("Concat")
+@rule("Concat")
 def _concat(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """Indices stacked along a last axis of 1 into GatherND's tuples: one position, the others by the
     same rows (a label's) or by none."""
@@ -240,7 +258,7 @@ def _concat(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     return [Own(own.axis, own.length, tuple(isinstance(f, Own) for f in facts), rows.pop() if rows else None)]
 
 
-@_rule("GatherND")
+@rule("GatherND")
 def _gather_nd(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """Data whose batch axis the tuples index by each row's own position: the output's rows are the
     tuples' axis."""
@@ -262,7 +280,7 @@ def _spans(value: ir.Value, data: Rows, own: Own) -> bool:
     return shape is not None and shape[data.axis] == own.length
 
 
-@_rule("Gather")
+@rule("Gather")
 def _gather(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """A count's element picked from a shape; data's batch axis picked by each row's position."""
     data, idx = facts[0], facts[1]
