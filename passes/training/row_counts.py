@@ -23,6 +23,8 @@ __all__ = ["SHAPE_INPUTS", "Counted", "bare", "counted", "reaching"]
 # every row (Expand(cls_token, [N, 1, D]), zeros_like(x), x.reshape(N, -1))
 SHAPE_INPUTS = {"Reshape": {1}, "Expand": {1}, "Tile": {1}, "ConstantOfShape": {0}, "Shape": {0}, "Size": {0},
                 "EyeLike": {0}, "RandomNormalLike": {0}, "RandomUniformLike": {0}, "CastLike": {1}}
+# the first input a Loop or Scan binds to its body's: a position or size there is followed inside (``row_subgraphs``)
+BOUND_FROM = {"Loop": 2, "Scan": 0}
 
 WHY = {
     "positions": "it computes per-shard positions: a Range over the batch axis counts each worker's rows from 0 "
@@ -56,14 +58,15 @@ def bare(fact: Fact | Counted) -> Fact:
 def counted(node: ir.Node, facts: Sequence[Fact | Counted], followed: bool, where: tuple[str, ...]) -> Counted | None:
     """What ``node``'s outputs compute from a count: a ``Counted`` input's, read for its values; or, where
     no ``row_positions`` rule followed ``node``, a position (``Own``, ``Linear``) or size (``Dims``) it reads
-    as a value, ``node`` the origin."""
+    as a value (not one a Loop or Scan binds to its body's), ``node`` the origin."""
     shapes = SHAPE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     values = [f for i, f in enumerate(facts) if i not in shapes]
     first = next((f for f in values if isinstance(f, Counted)), None)
     if first is not None or followed:
         return first
+    bound = BOUND_FROM.get(node.op_type, len(facts)) if node.domain in ("", "ai.onnx") else len(facts)
     for kind, what in (((Own, Linear), "positions"), (Dims, "size")):
-        if any(isinstance(f, kind) for f in values):
+        if any(isinstance(f, kind) for f in values[:bound]):
             return Counted(node, what, where)
     return None
 

@@ -72,14 +72,14 @@ class _Found:
     loop around it (a pass that finds a node that mixes finds it again from the same state)."""
 
     nodes: dict[ir.Node, Mixing]
-    passes: dict[tuple, list[Rows | None]]
+    passes: dict[tuple, list[Fact]]
 
 
 def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact | Counted], outputs: Sequence[ir.Value],
-          where: tuple[str, ...], found: _Found) -> list[Rows | None]:
+          where: tuple[str, ...], found: _Found) -> list[Fact]:
     """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
-    Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
-    Rows. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
+    facts known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
+    facts. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
     needed, subgraph_reads = needed_values(graph, outputs)
     for node in graph:
         wanted = [v in needed for v in node.outputs]
@@ -93,28 +93,31 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact | Counted], outpu
         count = counted(node, facts, outs is not None, where)
         if outs is None:
             try:
-                outs = _rows(node, [plain(bare(f)) for f in facts], wanted, rows, reads, where, found)
+                outs = _rows(node, [bare(f) for f in facts], wanted, rows, reads, where, found)
             except Mixes as mixes:
                 found.nodes.setdefault(node, Mixing(node, f"{mixes}{_inside(where)}"))
                 continue
         if count is not None:
             outs = [Counted(count.origin, count.what, count.where, plain(f)) for f in outs]
         rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
-    for value in outputs:
-        count = reaching(value, rows.get(value), where)
+    for value in outputs:  # (a body's positions and sizes go to its node's rule, which follows them)
+        count = reaching(value, rows.get(value), where) if not where or isinstance(rows.get(value), Counted) else None
         if count is not None:
             found.nodes.setdefault(count.origin, Mixing(count.origin, f"{count.why}{_inside(count.where)}"))
-    return [plain(bare(rows.get(v))) for v in outputs]
+    return [bare(rows.get(v)) for v in outputs]
 
 
 def _inside(where: tuple[str, ...]) -> str:
     return f" (inside {', inside '.join(where)})" if where else ""
 
 
-def _rows(node: ir.Node, ins: list[Rows | None], wanted: list[bool], rows: Mapping[ir.Value, Fact | Counted],
-          reads: Sequence[ir.Value] | None, where: tuple[str, ...], found: _Found) -> list[Rows | None]:
-    """``node``'s outputs' Rows by the ``row_axes`` rules (``ins``: its inputs'), its subgraphs walked
-    where it reads rows, a size or a position; raises ``Mixes``."""
+def _rows(node: ir.Node, ins: list[Fact], wanted: list[bool], rows: Mapping[ir.Value, Fact | Counted],
+          reads: Sequence[ir.Value] | None, where: tuple[str, ...], found: _Found) -> list[Fact]:
+    """``node``'s outputs' facts by the ``row_axes`` rules (``ins``: its inputs' facts, which they see as
+    ``plain`` Rows), its subgraphs walked where it reads rows, a size or a position (bound to its body's
+    inputs or captured); raises ``Mixes``."""
+    if reads is None:
+        ins = [plain(f) for f in ins]
     if not any(ins) and not any(rows.get(v) is not None for v in reads or ()):
         return [None] * len(node.outputs)
     if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
@@ -131,7 +134,7 @@ def _body(node: ir.Node, rows: Mapping[ir.Value, Fact | Counted], reads: Sequenc
     rows."""
     captured = frozenset((v, rows[v]) for v in reads if v in rows)
 
-    def body(attribute: str, bound: Mapping[ir.Value, Rows | None], outputs: Sequence[ir.Value]) -> list[Rows | None]:
+    def body(attribute: str, bound: Mapping[ir.Value, Fact], outputs: Sequence[ir.Value]) -> list[Fact]:
         graph = node.attributes[attribute].value
         state = {v: r for v, r in bound.items() if r is not None}
         key = (graph, tuple(outputs), frozenset(state.items()), captured)

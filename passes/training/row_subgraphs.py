@@ -5,7 +5,13 @@ rules (``row_mixing`` walks them through ``Body``), outer values they capture ca
 A value not from the batch (None) joined with rows (a branch, or a carried value's initial value and
 its value after an iteration) counts as those rows: it is the same on every worker, so a row-wise
 consumer treats it alike. Carried values are iterated to a fixed point: each pass turns at most one
-more of them from None to Rows, so a body runs at most one pass more than it has carried values."""
+more of them from None to Rows, so a body runs at most one pass more than it has carried values.
+
+The batch's positions and size (``row_positions``' facts) are bound into a body as carried values and
+scan inputs, as rows are: a position carried unchanged, or sliced along another axis, stays one inside (a
+per-row pick there keeps rows apart); one that changes from an iteration or a branch to the next, a Scan
+along the positions' own axis (each iteration one row's, its carried values going from row to row) and a
+size scanned or stacked mix."""
 
 from __future__ import annotations
 
@@ -14,24 +20,29 @@ from dataclasses import replace
 
 import onnx_ir as ir
 
-from graphc.passes.training.row_axes import Ins, Mixes, Rows, norm_axis, rank_of
+from graphc.passes.training.row_axes import Mixes, Rows, norm_axis, rank_of
+from graphc.passes.training.row_positions import Fact, Own
 
 __all__ = ["Body", "SUBGRAPH_RULES"]
 
 # body(attribute, {body input: its Rows}, body outputs) -> those outputs' Rows: one pass of the
 # node's subgraph held in ``attribute``, the inner nodes that mix recorded
-Body = Callable[[str, Mapping[ir.Value, "Rows | None"], Sequence[ir.Value]], list["Rows | None"]]
-SubgraphRule = Callable[[ir.Node, Ins, Sequence[bool], Body], list["Rows | None"]]
+Body = Callable[[str, Mapping[ir.Value, Fact], Sequence[ir.Value]], list[Fact]]
+Ins = Sequence[Fact]
+SubgraphRule = Callable[[ir.Node, Ins, Sequence[bool], Body], list[Fact]]
 
 
-def _text(r: Rows) -> str:
+def _text(r: Fact) -> str:
+    if not isinstance(r, Rows):
+        return "nothing from the batch" if r is None else "the batch's positions or size"
     return f"the rows on axis {r.axis}" + (f" ({r.copies} copies)" if r.copies > 1 else "")
 
 
-def _join(a: Rows | None, b: Rows | None, what: str) -> Rows | None:
-    if a is None or a == b:
+def _join(a: Fact, b: Fact, what: str) -> Fact:
+    """Rows joined with None are those rows; a position or size only with itself."""
+    if a == b or a is None and isinstance(b, Rows):
         return b
-    if b is None:
+    if b is None and isinstance(a, Rows):
         return a
     raise Mixes(f"{what} holds {_text(a)} one way and {_text(b)} the other")
 
@@ -41,15 +52,15 @@ def _graph(node: ir.Node, attribute: str) -> ir.Graph:
 
 
 def _by_rows(node: ir.Node, ins: Ins, index: int, what: str, effect: str) -> None:
-    if index < len(ins) and ins[index] is not None:
+    if index < len(ins) and isinstance(ins[index], Rows):
         raise Mixes(f"its {what} {node.inputs[index].name!r} is computed from the batch's rows: {effect}")
 
 
-def if_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Rows | None]:
+def if_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Fact]:
     """Both branches analysed; an output gets the rows both agree on."""
     _by_rows(node, ins, 0, "condition", "a shard may take another branch than the whole batch")
     keep = [i for i, w in enumerate(wanted) if w]
-    outs: list[Rows | None] = [None] * len(node.outputs)
+    outs: list[Fact] = [None] * len(node.outputs)
     then = body("then_branch", {}, [_graph(node, "then_branch").outputs[i] for i in keep])
     other = body("else_branch", {}, [_graph(node, "else_branch").outputs[i] for i in keep])
     for i, a, b in zip(keep, then, other):
@@ -57,7 +68,7 @@ def if_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list
     return outs
 
 
-def _iterate(body: Body, bound: dict[ir.Value, Rows | None], carried: Sequence[ir.Value],
+def _iterate(body: Body, bound: dict[ir.Value, Fact], carried: Sequence[ir.Value],
              updated: Sequence[ir.Value], init: Ins, also: Sequence[ir.Value]) -> tuple[list, list]:
     """Carried values' Rows at the fixed point from ``init`` (``carried``: the body's inputs for
     them, ``updated``: its outputs), and ``also``'s (more body outputs) there."""
@@ -71,12 +82,18 @@ def _iterate(body: Body, bound: dict[ir.Value, Rows | None], carried: Sequence[i
         state = new
 
 
-def _stacked(r: Rows | None, axis: int) -> Rows | None:
-    """A body output's Rows in the output that stacks it along a new ``axis``."""
-    return None if r is None else replace(r, axis=r.axis + (axis <= r.axis))
+def _moved(r: Fact, what: str, *, stacked: int | None = None, sliced: int | None = None) -> Fact:
+    """``r`` (rows or a position) in a value that stacks it along a new axis ``stacked`` (a Loop's or Scan's
+    scanned output), or in a slice along ``sliced`` (a scan input's, an axis not its own)."""
+    if r is None:
+        return None
+    if not isinstance(r, Rows) and not (isinstance(r, Own) and r.parts is None):
+        raise Mixes(f"{what} holds the batch's size or flat positions, which it cannot follow")
+    axis = r.axis + (stacked <= r.axis if stacked is not None else -(sliced < r.axis))
+    return replace(r, axis=axis, **({"rows": r.rows and Rows(axis)} if isinstance(r, Own) else {}))
 
 
-def loop_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Rows | None]:
+def loop_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Fact]:
     """Loop(M, cond, carried...): body(i, cond, carried...) -> (cond, carried..., scanned...); the
     scanned outputs stacked along a new axis 0."""
     effect = "a shard may run another number of iterations than the whole batch"
@@ -86,13 +103,14 @@ def loop_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> li
     scanned = [graph.outputs[1 + n + k] for k, w in enumerate(wanted[n:]) if w]
     state, got = _iterate(body, {}, graph.inputs[2:], graph.outputs[1:1 + n], ins[2:],
                           [graph.outputs[0], *scanned])
-    if got[0] is not None:
+    if isinstance(got[0], Rows):
         raise Mixes(f"its body's condition {graph.outputs[0].name!r} is computed from the batch's rows: {effect}")
     rows = iter(got[1:])
-    return state + [_stacked(next(rows), 0) if w else None for w in wanted[n:]]
+    return state + [_moved(next(rows), f"its scanned output {v.name!r}", stacked=0) if w else None
+                    for w, v in zip(wanted[n:], node.outputs[n:])]
 
 
-def scan_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Rows | None]:
+def scan_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> list[Fact]:
     """Scan(carried..., scanned...): each scanned input sliced along its scan axis (which must not
     be the batch's), the body's scanned outputs stacked along their scan output axis."""
     graph = _graph(node, "body")
@@ -100,20 +118,23 @@ def scan_rows(node: ir.Node, ins: Ins, wanted: Sequence[bool], body: Body) -> li
     n = len(node.inputs) - m
     in_axes = node.attributes.get_ints("scan_input_axes", [0] * m)
     out_axes = node.attributes.get_ints("scan_output_axes", [0] * (len(node.outputs) - n))
-    bound: dict[ir.Value, Rows | None] = {}
+    bound: dict[ir.Value, Fact] = {}
     for j, (value, r) in enumerate(zip(node.inputs[n:], ins[n:])):
         if r is None:
             continue
         axis = norm_axis(in_axes[j], rank_of(value))
-        if axis == r.axis:
-            raise Mixes(f"it scans {value.name!r} along its batch axis {axis}: each iteration sees one row, and its "
-                        "carried values go from row to row")
-        bound[graph.inputs[n + j]] = replace(r, axis=r.axis - (axis < r.axis))
+        if axis == getattr(r, "axis", None):
+            what = "along its batch axis" if isinstance(r, Rows) else "(the batch's positions) along their axis"
+            raise Mixes(f"it scans {value.name!r} {what} {axis}: each iteration sees one row, and its carried values "
+                        "go from row to row")
+        bound[graph.inputs[n + j]] = _moved(r, f"its scan input {value.name!r}", sliced=axis)
     scanned = [graph.outputs[n + k] for k, w in enumerate(wanted[n:]) if w]
     state, got = _iterate(body, bound, graph.inputs[:n], graph.outputs[:n], ins[:n], scanned)
     rows, outs = iter(got), list(state)
     for k, (w, value) in enumerate(zip(wanted[n:], node.outputs[n:])):
-        outs.append(_stacked(next(rows), norm_axis(out_axes[k], rank_of(value))) if w else None)
+        outs.append(_moved(next(rows), f"its scanned output {value.name!r}",
+                           stacked=norm_axis(out_axes[k], rank_of(value)))
+                    if w else None)
     return outs
 
 
