@@ -10,6 +10,12 @@ docstring has the figures). So a binding whose device outputs all go into given 
 and the host outputs are bound anew, the last run's host arrays being the caller's to read. A
 kept binding is found by the ids of its handles and holds them, so while it is kept no new
 handle can take a freed one's id.
+
+A host array is bound as an OrtValue where ``bind_cpu_input`` cannot take it: a bfloat16 one
+(numpy has no such type there), and one fed to an input that also has an initializer (an
+overridable default): ``bind_cpu_input`` looks the name up among the inputs without initializers
+and raised "Failed to find NodeArg with name: conv.weight in the def list" where
+``InferenceSession.run`` took the same feed.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class Bindings:
     def __init__(self, session: Any, ortvalue: type, device: str, device_id: int):
         self.session, self._ortvalue, self.device, self.device_id = session, ortvalue, device, device_id
         self.kept: dict[tuple, tuple[Any, list[Any]]] = {}  # key -> (binding, the handles it holds)
+        self._overridable = frozenset(value.name for value in session.get_overridable_initializers())
 
     def bind(self, feeds: Mapping[str, Any], host_outputs: Sequence[str], device_outputs: Sequence[str],
              given: Mapping[str, Any], graph_id: int | None, keep: bool) -> tuple[Any, list[np.ndarray]]:
@@ -63,7 +70,7 @@ class Bindings:
         for name, value in feeds.items():
             if not isinstance(value, self._ortvalue):
                 arrays.append(np.asarray(value, order="C"))
-                if arrays[-1].dtype == bfloat16.BFLOAT16:  # bound as an OrtValue: onnxruntime has no numpy bfloat16
+                if arrays[-1].dtype == bfloat16.BFLOAT16 or name in self._overridable:  # the module docstring
                     arrays.append(bfloat16.to_ortvalue(self._ortvalue, arrays[-1]))
                     binding.bind_ortvalue_input(name, arrays[-1])
                 else:

@@ -78,8 +78,7 @@ def recount_batchnorms(trainer: Any, batches: Iterable[Mapping[str, np.ndarray]]
     graph = batch_statistics_graph(trainer.artifacts.eval.ir, [n for n in names if n not in trainer.manifest.trainable])
     outputs = [v.name for v in graph.graph.outputs]
     inputs = {v.name for v in graph.graph.inputs}
-    # params and statistics fed, not initialized (as the Trainer's eval graph): onnxruntime's CPU session
-    # of a float64 conv net kept no conv.weight input to bind otherwise
+    # params and statistics fed, not initialized (as the Trainer's eval graph): no second copy of them
     exe = trainer._backend.prepare(without_initializers(ir.to_proto(graph), inputs), **trainer._options)
     running: dict[str, np.ndarray] = {}
     count = 0
