@@ -52,7 +52,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, constant_tensors, tensor_types, with_nodes
 
 __all__ = ["DENSE_MIN_PIXELS", "SWAPPED_MAX_TAPS", "block_size", "rewrite"]
 
@@ -100,8 +100,7 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
     types = tensor_types(model) if types is None else types
     if types is None:
         return model, 0
-    constants = {t.name for t in model.graph.initializer} | {
-        o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = set(constant_tensors([model.graph]))  # an initializer also an input is fed: not one of them
     nodes, count = [], 0
     for node in model.graph.node:
         kind = _kind(node, types, constants, block)
