@@ -102,3 +102,38 @@ def test_sources_that_are_not_artifacts_or_checkpoints(capsys, ws):
     (ws / "arts" / "manifest.json").write_text("{")
     err = one_line_error(run_cli(capsys, "export", ws / "arts", "-o", ws / "m.onnx"))
     assert "manifest.json: not a valid graphc training manifest: Invalid JSON" in err
+
+
+class _BnMlp(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.out = gc.nn.Linear(8, 8), gc.nn.BatchNorm1d(8), gc.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(self.bn(gc.tanh(self.fc(x))))
+
+
+def test_averaged_exports_the_swa_weights_as_the_trainer_does(capsys, ws, tmp_path):
+    """``--averaged`` (there was no such option: the SWA/EMA copy could be exported only from Python):
+    a checkpoint of 4 SGD steps under EMA exports the file ``Trainer.export_inference(averaged=True)``
+    writes, whose outputs onnxruntime gives equal, and not the trained weights'; artifacts that keep
+    no averaged copy are one line naming averaged=, exit 2, no file."""
+    net = _BnMlp()
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float32", ("N", 8))),
+                                gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.5),
+                                averaged=gc.optim.swa_utils.AveragedModel(
+                                    net, use_buffers=True, multi_avg_fn=gc.optim.swa_utils.get_ema_multi_avg_fn(0.5)))
+    trainer = gc.Trainer(arts, backend="numpy")
+    for seed in range(4):
+        trainer.step(blobs(16, seed=seed))
+    trainer.save_checkpoint(tmp_path / "swa_ck")
+    result = run_cli(capsys, "export", tmp_path / "swa_ck", "-o", tmp_path / "cli.onnx", "--averaged")
+    assert result.code == 0, result.err
+    want = predict(trainer.export_inference(tmp_path / "python.onnx", averaged=True))
+    np.testing.assert_array_equal(predict(tmp_path / "cli.onnx"), want)
+    assert run_cli(capsys, "export", tmp_path / "swa_ck", "-o", tmp_path / "trained.onnx").code == 0
+    assert np.abs(predict(tmp_path / "trained.onnx") - want).max() > 1e-3  # the averaged weights differ
+
+    err = one_line_error(run_cli(capsys, "export", ws / "ck", "-o", ws / "m.onnx", "--averaged"))
+    assert "these training artifacts keep no averaged weights" in err and "averaged=" in err
+    assert not (ws / "m.onnx").exists()

@@ -83,6 +83,7 @@ API_DEFAULTS = {
     ("export", "dtype"): (export_inference, "dtype"),
     ("export", "keep_io_types"): (export_inference, "keep_io_types"),
     ("export", "allow_uncalibrated"): (export_inference, "allow_uncalibrated"),
+    ("export", "averaged"): (export_inference, "averaged"),
     ("deploy triton", "max_batch_size"): (gc.deploy.triton, "max_batch_size"),
     ("deploy triton", "dtype"): (gc.deploy.triton, "dtype"),
     ("deploy triton", "keep_io_types"): (gc.deploy.triton, "keep_io_types"),

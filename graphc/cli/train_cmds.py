@@ -458,13 +458,16 @@ def export_cmd(
                                         "(gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
     allow_uncalibrated: bool = allow_uncalibrated_option("Write"),
+    averaged: bool = typer.Option(False, "--averaged", help="Write the averaged weights (SWA/EMA: artifacts "
+                                  "generated with averaged=) in place of the trained ones."),
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 
     An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
     checkpoint trained from it lies beside it or in the current directory, and warned about
     otherwise, unless --allow-untrained. A fake quantization whose observer never saw data is
-    refused (exit 2) unless --allow-uncalibrated."""
+    refused (exit 2) unless --allow-uncalibrated. --averaged writes the SWA/EMA copy of the weights
+    (as Trainer.export_inference(averaged=True)); artifacts that keep none are refused (exit 2)."""
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 
@@ -472,7 +475,8 @@ def export_cmd(
     check_keep_io_types(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = wrote(export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
-                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated))
+                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated,
+                                averaged=averaged))
     console.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 

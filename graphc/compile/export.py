@@ -2,6 +2,7 @@
 
     graphc.compile.export.inference_model(artifacts, trained_tensors) -> gc.Model
     graphc.compile.export.export_inference(source, "model.onnx")   # artifact dir or checkpoint
+    graphc.compile.export.export_inference(source, "swa.onnx", averaged=True)   # its SWA/EMA weights
 
 The result is one self-contained ``.onnx`` (params as initializers, no training-only parts,
 symbolic batch dim kept) whose outputs equal the ``eval`` graph's model outputs.
@@ -140,13 +141,18 @@ def _refuse_or_warn(artifacts: Path) -> None:
 
 def export_inference(source: Union[str, os.PathLike], path: Union[str, os.PathLike],
                      opset: Optional[int] = None, allow_untrained: bool = False, dtype: Optional[str] = None,
-                     keep_io_types: bool = False, allow_uncalibrated: bool = False) -> Path:
+                     keep_io_types: bool = False, allow_uncalibrated: bool = False, averaged: bool = False) -> Path:
     """Write the inference model of an artifact directory or checkpoint to ``path``; see
     ``load_source`` for when an artifact directory's initial weights are refused, and
-    ``inference_model`` for ``opset``, ``dtype``, ``keep_io_types`` and ``allow_uncalibrated``."""
+    ``inference_model`` for ``opset``, ``dtype``, ``keep_io_types`` and ``allow_uncalibrated``.
+    ``averaged``: the averaged copy of the weights (``gc.optim.swa_utils``, as
+    ``Trainer.export_inference(averaged=True)``); ``ArtifactsError`` for artifacts that keep none."""
     from graphc.compile.precision import check_keep_io_types
+    from graphc.runtime.weight_averaging import as_model
 
     check_keep_io_types(dtype, keep_io_types, default=False)
     artifacts, tensors = load_source(source, allow_untrained=allow_untrained)
+    if averaged:
+        tensors = as_model(artifacts.manifest, tensors)
     return inference_model(artifacts, tensors, opset=opset, dtype=dtype, keep_io_types=keep_io_types,
                            allow_uncalibrated=allow_uncalibrated).save(path)
