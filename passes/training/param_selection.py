@@ -3,10 +3,14 @@ params (names or glob patterns from ``trainable``/``frozen``/``params``; exporte
 ``imports.exporter_constants`` and ``export_records.spectral_vectors``; params the loss never reads
 left out, as torch.optim skips a param without a gradient, with a warning for one read only in
 control flow that never runs), and which of them get weight decay. A pattern also selects a tensor
-that a dynamo export folded from one parameter by moving its elements by that parameter's name."""
+that a dynamo export folded from one parameter by moving its elements by that parameter's name. The
+exact name of a parametrized tensor (``a.weight`` of ``gc.nn.utils.parametrize``) selects the params
+it is computed from (``a.parametrizations.weight.original``, or ``original0``, ``original1``, ...);
+glob patterns match the params' own names, as torch's ``named_parameters`` gives them."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
@@ -24,6 +28,8 @@ from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.training.loss_graph import LOSS
 from graphc.version import PRODUCER
 
+# a param torch's parametrize keeps a parametrized tensor in: <module>.parametrizations.<tensor>.original[N]
+_ORIGINAL = re.compile(r"(?:(.*)\.)?parametrizations\.([^.]+)\.original\d*")
 # what cuts a param off from the loss's gradient, as the warnings say it
 _STOPS = "gc.detach (an exporter's detach) or an integer or bool value (an argmax, a comparison)"
 
@@ -118,6 +124,31 @@ def _unselected_folds(named: dict[str, list[str]], folds: dict[str, imports.Fold
     return notes
 
 
+def parametrized(names: Iterable[str]) -> dict[str, list[str]]:
+    """{parametrized tensor: its params among ``names``}: ``a.weight`` for
+    ``a.parametrizations.weight.original0`` and ``original1``."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        found = _ORIGINAL.fullmatch(name)
+        if found:
+            out.setdefault(".".join(p for p in found.groups() if p), []).append(name)
+    return out
+
+
+def _picked(patterns: Iterable[str], names: Sequence[str], sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """{pattern: the ``names`` it selects}: by name or source (``_selects``), else, for the exact name of a
+    parametrized tensor, its params."""
+    aliases = parametrized(names)
+    return {pat: [n for n in names if _selects(n, pat, sources)] or aliases.get(pat, []) for pat in patterns}
+
+
+def _parametrized_note(patterns: Iterable[str], names: Sequence[str]) -> str:
+    """"; a.weight is parametrized: its params are a.parametrizations.weight.original" for each
+    parametrized tensor of ``names`` a pattern names (by a glob: only its exact name selects them)."""
+    return "".join(f"; {tensor} is parametrized: its params are {', '.join(params)}"
+                   for tensor, params in parametrized(names).items() if any(_named(tensor, p) for p in patterns))
+
+
 def _named(name: str, pattern: str) -> bool:
     return name == pattern or fnmatchcase(name, pattern)
 
@@ -145,14 +176,14 @@ def matching(patterns: Iterable[str], candidates: Sequence[str], option: str,
     that selects none is an error naming the option (and any fold that holds the parameter it names)."""
     patterns = list(patterns)
     sources = _sources(folds)
-    picked = {pat: [n for n in candidates if _selects(n, pat, sources)] for pat in patterns}
+    picked = _picked(patterns, candidates, sources)
     unknown = [pat for pat, names in picked.items() if not names]
     if unknown:
         shown = first_few([_label(n, sources, folds) for n in candidates], 12, more=", ...")
         held = [f"{pat!r} names a parameter folded into {n!r} ({fold}): name that tensor to select it"
                 for pat in unknown for n, fold in folds.items() if any(_named(p, pat) for p in fold.params)]
         raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}"
-                        + "".join(f"; {h}" for h in held))
+                        + "".join(f"; {h}" for h in held) + _parametrized_note(unknown, candidates))
     return [n for n in candidates if any(n in names for names in picked.values())]
 
 
@@ -174,9 +205,10 @@ def loss_inputs(graph: ir.Graph, differentiable: bool = True) -> set[ir.Value]:
 def decays(params: Sequence[str], no_decay: Sequence[str], sources: Mapping[str, str] = {}) -> dict[str, bool]:
     """Whether each param gets weight decay: not when a ``no_decay`` pattern matches its name or,
     for a tensor folded from one parameter by moving its elements, that one's (``sources``)."""
-    picked = {pat: [p for p in params if _selects(p, pat, sources)] for pat in no_decay}
+    picked = _picked(no_decay, params, sources)
     unmatched = [pat for pat, names in picked.items() if not names]
     if unmatched:
         raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param "
-                        f"(params: {first_few([_label(p, sources) for p in params], 8, more=', ...')})")
+                        f"(params: {first_few([_label(p, sources) for p in params], 8, more=', ...')})"
+                        + _parametrized_note(unmatched, params))
     return {p: not any(p in names for names in picked.values()) for p in params}
