@@ -15,8 +15,8 @@ import onnx_ir as ir
 
 __all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "DROPPED_MARKS_KEY",
            "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY",
-           "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
+           "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "NO_DERIVATIVE_KEY", "PROBABILITIES_KEY",
+           "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
            "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
            "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "holds_autograd_functions",
            "needed_values", "node_attrs", "onnx_opset", "rebind_autograd_copy", "replace_value", "static_shape", "stops_gradient",
@@ -53,6 +53,10 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
 # node metadata: an Identity that passes its value forward and no gradient back (``gc.detach``);
 # ONNX has no stop-gradient op, so the mark is on the node and survives save and load
 STOP_GRADIENT_KEY = "graphc.stop_gradient"
+
+# node metadata: the torch function (``"special.airy_ai"``) whose result the node makes and that torch 2.13
+# defines no derivative for; autodiff refuses a path through the node, naming it (``autodiff.core``)
+NO_DERIVATIVE_KEY = "graphc.no_derivative"
 
 # node metadata of a ``gc.autograd.Function``'s output (a stop-gradient Identity): a JSON record of its
 # region (``autodiff/autograd_functions``), whose backward is a model-local function of this domain

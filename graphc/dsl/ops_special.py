@@ -25,6 +25,7 @@ from graphc.dsl.ops_math import isinf, isnan
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
+from graphc.passes.values import NO_DERIVATIVE_KEY
 
 # Chebyshev coefficients of torch's (Cephes') i0e and i1e, float64: on [0, 8] in x / 2 - 2, beyond in 32 / x - 2
 _I0E_A = (-4.4153416464793395e-18, 3.3307945188222384e-17, -2.431279846547955e-16, 1.715391285555133e-15,
@@ -115,7 +116,14 @@ def in_float64(fn: Callable[..., Tensor], *xs: Tensor) -> Tensor:
     return y if dtype == "float64" else cast(y, dtype)
 
 
-def _chebyshev(coeffs: tuple, t: Tensor) -> Tensor:
+def no_derivative(y: Tensor, fn: str) -> Tensor:
+    """``y``, the result of torch's ``fn`` (``"special.airy_ai"``), which torch does not differentiate: its node
+    is marked so that autodiff refuses a path through it, naming ``fn``."""
+    y.value.producer().metadata_props[NO_DERIVATIVE_KEY] = fn
+    return y
+
+
+def chebyshev(coeffs: tuple, t: Tensor) -> Tensor:
     """Cephes' ``chbevl``: the Chebyshev series with ``coeffs`` at ``t`` (Clenshaw's recurrence)."""
     b0, b1, b2 = scalar(coeffs[0], t), scalar(0, t), scalar(0, t)
     for c in coeffs[1:]:
@@ -385,8 +393,8 @@ def _bessel64(x: Tensor, small: tuple, large: tuple, odd: bool, scaled: bool) ->
     near = ax <= scalar(8, x)
     an = where(near, ax, scalar(8, x))
     af = where(near, scalar(8, x), ax)
-    inner = _chebyshev(small, an / scalar(2, x) - scalar(2, x))
-    far = _chebyshev(large, scalar(32, x) / af - scalar(2, x)) / sqrt(af)
+    inner = chebyshev(small, an / scalar(2, x) - scalar(2, x))
+    far = chebyshev(large, scalar(32, x) / af - scalar(2, x)) / sqrt(af)
     if odd:  # near 0 the fit times the signed x, so the slope at 0 is the fit's value (|x|'s would give 0)
         inner, far = inner * where(near, x, scalar(8, x)), where(x < scalar(0, x), -far, far)
     y = where(near, inner, far)

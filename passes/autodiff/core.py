@@ -15,7 +15,8 @@
    input otherwise (never a silent truncation);
 5. sum gradients where a value is used more than once (fan-out), in graph order;
 6. a node on the path whose op has no rule raises ``MissingGradientRule`` naming op, node and
-   the ``graphc.source`` line; a ``wrt`` value with no path to the loss gets zeros of its shape.
+   the ``graphc.source`` line (a node marked ``NO_DERIVATIVE_KEY``: the torch function it makes); a
+   ``wrt`` value with no path to the loss gets zeros of its shape.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, st
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import FUSED_RULES, RULES, GradRule
 from graphc.passes.functions import EXPANDED_FROM
-from graphc.passes.values import FUSED_GRADIENT_KEY, onnx_opset, stops_gradient
+from graphc.passes.values import FUSED_GRADIENT_KEY, NO_DERIVATIVE_KEY, onnx_opset, stops_gradient
 
 DEFAULT_OPSET = 21
 RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
@@ -149,7 +150,14 @@ def _missing_rule(node: ir.Node) -> AutodiffError:
 
 
 def _rule(node: ir.Node) -> GradRule:
-    """The rule ``node`` is differentiated by: its fused kernel's (``FUSED_GRADIENT_KEY``) or its op's."""
+    """The rule ``node`` is differentiated by: its fused kernel's (``FUSED_GRADIENT_KEY``) or its op's; a node
+    that makes a function torch does not differentiate (``NO_DERIVATIVE_KEY``) has none."""
+    refused = node.metadata_props.get(NO_DERIVATIVE_KEY)
+    if refused is not None:
+        raise MissingGradientRule(
+            f"{refused} has no derivative (torch 2.13 defines none: its result does not require grad), but its "
+            f"node {node.name!r}{_defined_at(node)} lies on the path from a trainable parameter to the loss; "
+            f"gc.detach its input to treat the result as a constant, as torch does")
     kernel = node.metadata_props.get(FUSED_GRADIENT_KEY)
     if kernel is not None:
         if kernel not in FUSED_RULES:
