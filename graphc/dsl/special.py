@@ -2,8 +2,9 @@
 ``graphc.dsl.ops_special``'s; the normal distribution's (``ndtr``, ``ndtri``, ``log_ndtr``, ``erfcx``)
 are here, in float64 without Erf (which onnxruntime lacks in float64 and its sessions write out):
 ``erf`` and ``erfc`` from ``P(1/2, x**2)``'s series and ``Q(1/2, x**2)``'s continued fraction,
-``ndtri`` by Cephes' rational fits, as torch; so are ``bessel_j0`` and ``bessel_j1``. The others are the
-DSL's functions (``erf``, ``expm1``, ``softmax``, ...)."""
+``ndtri`` by Cephes' rational fits, as torch. The Bessel and Airy functions are ``graphc.dsl.special_bessel``'s,
+the orthogonal polynomials ``graphc.dsl.special_polynomials``'; the others are the DSL's functions (``erf``,
+``expm1``, ``softmax``, ...)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ from graphc.dsl.ops_elementwise import erfc, erfinv, exp2, expm1, horner, log1p,
 from graphc.dsl.ops_math import isinf, isnan, round
 from graphc.dsl.ops_special import (digamma, float_input, gamma_fraction, gamma_series, i0, i0e, i1, i1e, igamma,
                                     igammac, in_float64, lgamma, multigammaln, polygamma, zeta)
+from graphc.dsl.special_bessel import (airy_ai, bessel_j0, bessel_j1, bessel_y0, bessel_y1, modified_bessel_i0,
+                                      modified_bessel_i1, modified_bessel_k0, modified_bessel_k1,
+                                      scaled_modified_bessel_k0, scaled_modified_bessel_k1, spherical_bessel_j0)
+from graphc.dsl.special_polynomials import (chebyshev_polynomial_t, chebyshev_polynomial_u, chebyshev_polynomial_v,
+                                           chebyshev_polynomial_w, hermite_polynomial_h, hermite_polynomial_he,
+                                           laguerre_polynomial_l, legendre_polynomial_p,
+                                           shifted_chebyshev_polynomial_t, shifted_chebyshev_polynomial_u,
+                                           shifted_chebyshev_polynomial_v, shifted_chebyshev_polynomial_w)
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.torch_keywords import torch_names
 from graphc.errors import CaptureError
@@ -39,34 +48,6 @@ _NDTRI_P2 = (3.2377489177694603, 6.915228890689842, 3.9388102529247444, 1.333034
              0.012371663481782003, 0.00030158155350823543, 2.6580697468673755e-06, 6.239745391849833e-09)
 _NDTRI_Q2 = (1.0, 6.02427039364742, 3.6798356385616087, 1.3770209948908132, 0.21623699359449663, 0.013420400608854318,
              0.00032801446468212774, 2.8924786474538068e-06, 6.790194080099813e-09)
-# torch's (Cephes') bessel_j0 and bessel_j1: rational fits in x**2 to 5, beyond the amplitude and phase fits in
-# 25 / x**2 (highest power first)
-_BESSEL_J0 = {
-    "PP": (0.0007969367292973471, 0.08283523921074408, 1.239533716464143, 5.447250030587687, 8.74716500199817,
-           5.303240382353949, 1.0),
-    "PQ": (0.0009244088105588637, 0.08562884743544745, 1.2535274390105895, 5.470977403304171, 8.761908832370695,
-           5.306052882353947, 1.0),
-    "QP": (-0.011366383889846916, -1.2825271867050931, -19.553954425773597, -93.20601521237683, -177.68116798048806,
-           -147.07750515495118, -51.41053267665993, -6.050143506007285),
-    "QQ": (64.3178256118178, 856.4300259769806, 3882.4018360540163, 7240.467741956525, 5930.727011873169,
-           2062.0933166032783, 242.0057402402914),
-    "RP": (-4794432209.782018, 1956174919465.5657, -249248344360967.72, 9708622510473064.0),
-    "RQ": (499.563147152651, 173785.4016763747, 48440965.83399621, 11185553704.535683, 2112775201154.892,
-           310518229857422.56, 3.1812195594320496e+16, 1.7108629408104315e+18),
-}
-_BESSEL_J1 = {
-    "PP": (0.0007621256162081731, 0.07313970569409176, 1.1271960812968493, 5.112079511468076, 8.424045901417724,
-           5.214515986823615, 1.0),
-    "PQ": (0.0005713231280725487, 0.06884559087544954, 1.105142326340617, 5.073863861286015, 8.399855543276042,
-           5.209828486823619, 1.0),
-    "QP": (0.05108625947501766, 4.982138729512334, 75.82382841325453, 366.7796093601508, 710.8563049989261,
-           597.4896124006136, 211.68875710057213, 25.207020585802372),
-    "QQ": (74.23732770356752, 1056.4488603826283, 4986.410583376536, 9562.318924047562, 7997.041604473507,
-           2826.1927851763908, 336.0936078106983),
-    "RP": (-899971225.7055594, 452228297998.19403, -72749424522181.83, 3682957328638529.0),
-    "RQ": (620.8364781180543, 256987.25675774884, 83514679.14319493, 22151159547.97925, 4749141220799.914,
-           784369607876235.9, 8.952223361846274e+16, 5.322786203326801e+18),
-}
 _EXP_M2 = math.exp(-2)
 # terms of erf's series (|x| < sqrt(1.5)) and erfc's continued fraction (beyond): relative error 1.2e-11 at the
 # switch (the fraction converges slowest there), 1e-13 and less away from it
@@ -164,38 +145,6 @@ def ndtri(input: Any) -> Tensor:  # noqa: A002 - torch's names
     return in_float64(_ndtri64, float_input(input))
 
 
-def _bessel_j64(x: Tensor, fit: dict, odd: bool) -> Tensor:
-    ax = abs_(x)
-    near = ax <= scalar(5, x)
-    xn, xf = where(near, ax, scalar(1, x)), where(near, scalar(5, x), ax)
-    x2 = xn * xn
-    ratio = horner(fit["RP"], x2) / horner(fit["RQ"], x2)
-    if odd:  # zeros of J1 at 3.8317 and 7.0156 (their squares below)
-        small = ratio * xn * (x2 - scalar(1.46819706421238932572e1, x)) * (x2 - scalar(4.92184563216946036703e1, x))
-    else:  # zeros of J0 at 2.4048 and 5.5201
-        small = (x2 - scalar(5.78318596294678452118, x)) * (x2 - scalar(3.04712623436620863991e1, x)) * ratio
-        small = where(xn < scalar(1e-5, x), scalar(1, x) - x2 / scalar(4, x), small)
-    w = scalar(25, x) / (xf * xf)
-    phase = xf - scalar(3 * math.pi / 4 if odd else math.pi / 4, x)
-    amplitude = horner(fit["PP"], w) / horner(fit["PQ"], w)
-    shift = scalar(5, x) / xf * horner(fit["QP"], w) / horner(fit["QQ"], w)
-    far = (amplitude * cos(phase) - shift * sin(phase)) * scalar(math.sqrt(2 / math.pi), x) / sqrt(xf)
-    y = where(near, small, far)
-    return where(x < scalar(0, x), -y, y) if odd else y
-
-
-def bessel_j0(input: Any) -> Tensor:  # noqa: A002 - torch's names
-    """The Bessel function of the first kind ``J0``: Cephes' rational fit to 5, its asymptotic
-    amplitude and phase fits beyond, as torch (nan at +-inf, as torch's ``cos(inf)``). torch has no
-    gradient for it; graphc's is the lowering's (``-J1``)."""
-    return in_float64(lambda t: _bessel_j64(t, _BESSEL_J0, odd=False), float_input(input))
-
-
-def bessel_j1(input: Any) -> Tensor:  # noqa: A002 - torch's names
-    """The Bessel function of the first kind ``J1`` (odd), as ``bessel_j0``."""
-    return in_float64(lambda t: _bessel_j64(t, _BESSEL_J1, odd=True), float_input(input))
-
-
 def entr(input: Any) -> Tensor:  # noqa: A002 - torch's names
     """``-x log(x)`` for ``x > 0``, 0 at 0, -inf below (nan stays nan), as torch."""
     x = float_input(input)
@@ -235,10 +184,15 @@ def log_softmax(input: Any, dim: int, *, dtype: Any = None) -> Tensor:  # noqa: 
 
 
 __all__ = [
-    "bessel_j0", "bessel_j1", "digamma", "entr", "erf", "erfc", "erfcx", "erfinv", "exp2", "expit", "expm1",
-    "gammainc", "gammaincc", "gammaln", "i0", "i0e", "i1", "i1e", "log1p", "log_ndtr", "log_softmax", "logit",
-    "logsumexp", "multigammaln", "ndtr", "ndtri", "polygamma", "psi", "round", "sinc", "softmax", "xlog1py",
-    "xlogy", "zeta",
+    "airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "chebyshev_polynomial_t", "chebyshev_polynomial_u",
+    "chebyshev_polynomial_v", "chebyshev_polynomial_w", "digamma", "entr", "erf", "erfc", "erfcx", "erfinv", "exp2",
+    "expit", "expm1", "gammainc", "gammaincc", "gammaln", "hermite_polynomial_h", "hermite_polynomial_he", "i0",
+    "i0e", "i1", "i1e", "laguerre_polynomial_l", "legendre_polynomial_p", "log1p", "log_ndtr", "log_softmax", "logit",
+    "logsumexp", "modified_bessel_i0", "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+    "multigammaln", "ndtr", "ndtri", "polygamma", "psi", "round", "scaled_modified_bessel_k0",
+    "scaled_modified_bessel_k1", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "sinc", "softmax", "spherical_bessel_j0",
+    "xlog1py", "xlogy", "zeta",
 ]
 
 for _name in __all__:  # torch's keyword names (gc.special.expit(input=x)), the same objects as gc.sigmoid's
