@@ -16,7 +16,7 @@ from graphc.dsl.builder import user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import cast, erf, exp, lift, log, scalar, sqrt, where
 from graphc.dsl.ops import sigmoid as expit
-from graphc.dsl.ops_array import cos, logsumexp, sin
+from graphc.dsl.ops_array import logsumexp
 from graphc.dsl.ops_binary import to_float_pair, xlogy
 from graphc.dsl.ops_elementwise import erfc, erfinv, exp2, expm1, horner, log1p, logit, sinc
 from graphc.dsl.ops_math import isinf, isnan, round
