@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, integers, loop_bodies,
-                             narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, graph_order, integers,
+                             loop_bodies, narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
@@ -147,9 +147,10 @@ class _OrtBackend:
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
-                mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False,
+                mem_pattern: bool | None = None, exact_arena: bool = False, cuda_graph: bool = False,
                 flush_denormals: bool = False, profile: str | None = None,
-                optimized_graph: bool = False, cpu_arena: bool = True) -> OrtExecutable:
+                optimized_graph: bool = False, cpu_arena: bool = True,
+                graph_order: bool | None = None) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``; on by itself for a model holding a checkpoint region's copy, marked
@@ -157,11 +158,13 @@ class _OrtBackend:
         the copies back, is off, and nodes run in priority order (ready nodes in graph order), so
         each copy runs where the graph places it, just before its reader (for every train step, that order lost
         to onnxruntime's default: ResNet-18 at batch 32, 64 px, 1.030x / 1.041x the step time,
-        Trainers interleaved, built second / first). ``mem_pattern``: onnxruntime's memory
-        pattern (one block planned for all intermediates, sized on the first run); the Trainer
-        turns it off for train_step (see ``graphc.runtime.trainer``). ``exact_arena``: the
-        session's arena grows by exactly what is asked, not by powers of two: on the CPU the
-        process's shared arena (``_exact_cpu_arena``), on CUDA the provider's own
+        Trainers interleaved, built second / first). ``mem_pattern``: onnxruntime's memory pattern (one block
+        planned for all intermediates, sized on the first run); ``graph_order`` (CPU): run the graph onnxruntime
+        optimizes in the given graph's order (``graph_order``); by default the pattern on and the order off, the
+        reverse for a model holding region copies on the CPU (measured where set); the Trainer turns
+        the pattern off for train_step (``graphc.runtime.trainer``). ``exact_arena``: the session's arena grows
+        by exactly what is asked, not by powers of two: on the CPU the process's shared arena
+        (``_exact_cpu_arena``), on CUDA the provider's own
         (``EXACT_CUDA_ARENA``, unless ``providers_options`` sets its strategy).
         ``cuda_graph``: on the CUDA provider, let runs given a ``graph_id`` be captured and replayed
         as CUDA graphs (``graphc.runtime.cuda_graph`` says what that asks of the model and the
@@ -193,7 +196,6 @@ class _OrtBackend:
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET
         options.graph_optimization_level = _optimization_level(graph_optimization_level)
-        options.enable_mem_pattern = bool(mem_pattern)
         if profile is not None:
             options.enable_profiling, options.profile_file_prefix = True, str(profile)
         if threads is not None:
@@ -214,15 +216,27 @@ class _OrtBackend:
         elif exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
         disabled = dropout.eliminating(model) + pools.fusion_refused(model) + fusions.fusion_refused(model, types_of)
-        if keep_recomputation or any(p.key == RECOMPUTED_KEY for n in model.graph.node for p in n.metadata_props):
+        copies = any(p.key == RECOMPUTED_KEY for n in model.graph.node for p in n.metadata_props)
+        if keep_recomputation or copies:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)
+        if graph_order and self.device != "cpu":
+            raise ValueError(f"graph_order runs on the CPU provider (backend 'ort-cpu'), not {self.name!r}")
+        # region copies on the CPU: graph order, no memory pattern. scripts/bench_checkpoint.py's MLP's gc.grad model
+        # with regions, peak RSS above the pre-run one, median of 3 processes (numpy +39 MB; without regions
+        # +553 MB with the defaults, which it keeps): onnxruntime's order +536 MB (before), without the pattern
+        # +256; graph order +96, without the pattern +28 (1 process each: also without the arena +108, at level
+        # "basic" +28; onnxruntime's order at "basic" without the pattern +44, without the arena +460). Median
+        # s/step 4.65, 4.23, 4.29, 5.17: runs of one option spread 2.8-6.5 s on 2 shared cores, within the noise.
+        regions = copies and self.device == "cpu"
+        options.enable_mem_pattern = not regions if mem_pattern is None else bool(mem_pattern)
+        in_graph_order = regions if graph_order is None else bool(graph_order)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),
                             **dict(providers_options or {})}
         return OrtExecutable(self, model, options, provider_options, int(device_id), tuple(dict.fromkeys(disabled)),
-                             cuda_graph, flush_denormals, optimized_graph)
+                             cuda_graph, flush_denormals, optimized_graph, in_graph_order)
 
 
 class CpuBackend(_OrtBackend):
@@ -349,7 +363,8 @@ class OrtExecutable:
 
     def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
                  provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = (),
-                 cuda_graph: bool = False, flush_denormals: bool = False, optimized_graph: bool = False):
+                 cuda_graph: bool = False, flush_denormals: bool = False, optimized_graph: bool = False,
+                 in_graph_order: bool = False):
         ort = _ort()
         self._flush = flush_denormals
         # a run that names no graph must not be captured as graph 0 and replayed on other inputs
@@ -364,17 +379,20 @@ class OrtExecutable:
         with tempfile.TemporaryDirectory(prefix="graphc-ort-") as tmp:
             data = serialize_for_ort(model, Path(tmp))
             optimized = Path(tmp) / "optimized.onnx"
-            if backend.device != "cpu" or optimized_graph:  # to count the copy nodes onnxruntime inserts
+            if backend.device != "cpu" or optimized_graph or in_graph_order:  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
-                # initializers of 1 KiB or more (frozen weights) go to a side file no one reads
+                # initializers of 1 KiB or more (frozen weights) go to a side file (read by in_graph_order's session)
                 options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                                  "optimized.data")
                 options.add_session_config_entry(
                     "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
             try:  # the first session of the process sets its builder's flush mode for good: not here
                 with denormals.flushing(False):
-                    self.session = ort.InferenceSession(data, options, providers=providers,
-                                                        disabled_optimizers=list(disabled_optimizers) or None)
+                    if in_graph_order:
+                        optimized = graph_order.optimized_in_order(ort, data, options, providers, disabled_optimizers,
+                                                                   model, optimized)
+                    self.session = ort.InferenceSession(str(optimized) if in_graph_order else data, options,
+                                                        providers, disabled_optimizers=list(disabled_optimizers) or None)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
             graph = onnx.load(str(optimized), load_external_data=False).graph if optimized.is_file() else None

@@ -1,0 +1,89 @@
+"""The graph onnxruntime optimized, put back in the order of the graph it was given.
+
+onnxruntime numbers the nodes its fusions create after every node it was given, in the order its
+passes meet them, and a pass walks the graph depth first from the outputs: the fused copies of
+a checkpoint region (``Gemm`` + ``Tanh`` as one ``FusedGemm``) come first. Run in priority order
+(the lowest-numbered ready node next), they ran at the start of the forward, and the values they
+were to recompute lived through the backward anyway (``OrtExecutable`` with ``graph_order``).
+``sort`` orders the optimized graph so that, loaded again, its numbering is the given graph's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from graphc.model.graphs import all_graphs
+
+
+def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: list, disabled: Sequence[str],
+                       model: onnx.ModelProto, optimized: Path) -> Path:
+    """Optimize ``data`` in a first session (which writes ``optimized``, not profiled), put that
+    graph's nodes in ``model``'s order (``sort``) next to it, and set ``options`` to load it
+    as it is: the path to open (its large initializers in ``optimized``'s external data)."""
+    profiling, options.enable_profiling = options.enable_profiling, False
+    ort.InferenceSession(data, options, providers=providers, disabled_optimizers=list(disabled) or None)
+    written = onnx.load(str(optimized), load_external_data=False)
+    sort(written.graph, {node.name: i for i, node in enumerate(model.graph.node)})
+    ordered = optimized.with_name("ordered.onnx")
+    onnx.save(written, str(ordered))
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath, options.enable_profiling = "", profiling
+    return ordered
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads, in its subgraphs too (a body's outer values)."""
+    names = set(node.input)
+    for attr in node.attribute:
+        for body in (*attr.graphs, *([attr.g] if attr.HasField("g") else [])):
+            names.update(name for g in all_graphs(body) for inner in g.node for name in inner.input)
+    return names - {""}
+
+
+def sort(graph: onnx.GraphProto, ranks: Mapping[str, int]) -> None:
+    """Order ``graph.node`` topologically, the ready node of the lowest rank next: a node named
+    in ``ranks`` (node name -> position in the graph onnxruntime was given) has its rank there; a
+    node onnxruntime made takes the lowest rank of its readers (it runs just before the first
+    of them), or, read by none, the highest of its producers'. Ties keep onnxruntime's order."""
+    nodes = list(graph.node)
+    reads = [_reads(n) for n in nodes]
+    producer = {name: i for i, n in enumerate(nodes) for name in n.output if name}
+    inputs = [sorted({producer[name] for name in r if name in producer} - {i}) for i, r in enumerate(reads)]
+    readers: list[list[int]] = [[] for _ in nodes]
+    for i, sources in enumerate(inputs):
+        for j in sources:
+            readers[j].append(i)
+    order = _kahn(inputs, readers, list(range(len(nodes))))
+    if len(order) != len(nodes):  # a cycle (onnxruntime wrote none so far): left as it is
+        return
+    rank: list[float | None] = [ranks.get(n.name) for n in nodes]
+    for i in reversed(order):  # made nodes: just before their first reader
+        if rank[i] is None and readers[i]:
+            known = [rank[j] for j in readers[i] if rank[j] is not None]
+            rank[i] = min(known) if known else None
+    for i in order:  # read by none: after their last producer
+        if rank[i] is None:
+            rank[i] = max((rank[j] for j in inputs[i]), default=-1)
+    graph.ClearField("node")
+    graph.node.extend(nodes[i] for i in _kahn(inputs, readers, [(rank[i], i) for i in range(len(nodes))]))
+
+
+def _kahn(inputs: list[list[int]], readers: list[list[int]], keys: list) -> list[int]:
+    """A topological order of the nodes, the ready node of the lowest ``keys[i]`` next."""
+    waiting = [len(sources) for sources in inputs]
+    ready = [(keys[i], i) for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, (keys[j], j))
+    return order
