@@ -42,7 +42,7 @@ def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None, bool
         raise CaptureError(f"capture input {name!r}: a complex input needs a known rank (its real pair adds a "
                            f"trailing dim of 2), got {sp}")
     held = TensorSpec(name=name, dtype=part, shape=(*sp.shape, 2))
-    return held, None if arr is None else np.stack([arr.real, arr.imag], -1), True
+    return held, None if arr is None else complex_io.real_pair(arr), True
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):

@@ -50,7 +50,12 @@ def to_pair(spec: TensorSpec, value: Any) -> Any:
         raise InputError(f"input {spec.name!r}: expected {complex_spec(spec)} (held as the {type_text(spec.dtype, spec.shape)} "
                          f"real pair), got "
                          f"{type_text(value.dtype, value.shape)} (cast it with .astype(np.{want}))")
-    return np.stack([value.real, value.imag], -1)
+    return real_pair(value)
+
+
+def real_pair(array: np.ndarray) -> np.ndarray:
+    """A complex array as torch's ``view_as_real``: ``[..., 2]`` (real, imaginary); ``from_pair`` undoes it."""
+    return np.stack([array.real, array.imag], -1)
 
 
 def from_pair(pair: np.ndarray) -> np.ndarray:
@@ -58,4 +63,4 @@ def from_pair(pair: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(pair).view(_COMPLEX_OF[str(pair.dtype)])[..., 0]
 
 
-__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "from_pair"]
+__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "real_pair", "from_pair"]

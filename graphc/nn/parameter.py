@@ -14,6 +14,7 @@ from graphc.dsl.grad_hooks import HookHandle, apply_hook, hook_label, refuse_in_
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
+from graphc.model.complex_io import real_pair
 from graphc.model.dtypes import COMPLEX_PARTS, as_dtype, to_numpy
 from graphc.nn import draws
 from graphc.nn.param_data import Sized, data_of
@@ -147,11 +148,6 @@ def _in_place(name: str) -> Any:
 
 for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_", "clip_", "normal_", "uniform_"):
     setattr(Parameter, _name, _in_place(_name))
-
-
-def real_pair(array: np.ndarray) -> np.ndarray:
-    """A complex array as torch's ``view_as_real``: ``[..., 2]`` (real, imaginary)."""
-    return np.stack([array.real, array.imag], -1)
 
 
 def held_array(param: Parameter, value: Any) -> np.ndarray:
