@@ -300,7 +300,7 @@ class Builder:
     def _free_name(self, name: str) -> None:
         if name in self.initializer_names():
             raise CaptureError(f"output name {name!r} is already a parameter's name; pick another key")
-        for node in _nodes(self.scopes[0].nodes):
+        for node in nested_nodes(self.scopes[0].nodes):
             for v in node.outputs:
                 if v.name == name:
                     v.name = self.unique(name)
@@ -474,13 +474,13 @@ class Outside(Builder):
         return outs
 
 
-def _nodes(node_list):
+def nested_nodes(node_list):
     """``node_list`` and the nodes of their subgraphs, depth first."""
     for node in node_list:
         yield node
         for attr in node.attributes.values():
             if isinstance(attr.value, ir.Graph):
-                yield from _nodes(attr.value)
+                yield from nested_nodes(attr.value)
 
 
 def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> CaptureError:
@@ -496,5 +496,5 @@ def _short(array: np.ndarray) -> str:
     return np.array2string(np.asarray(array), threshold=6, edgeitems=2, precision=4).replace("\n", "")
 
 
-__all__ = ["Builder", "Outside", "Scope", "active", "current", "made_outside", "operand_text", "op_error", "type_str",
+__all__ = ["Builder", "Outside", "Scope", "active", "current", "made_outside", "nested_nodes", "operand_text", "op_error", "type_str",
            "user_source"]

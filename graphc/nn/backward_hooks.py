@@ -16,10 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import onnx_ir as ir
-
 from graphc.dsl.autograd import Function
-from graphc.dsl.builder import Builder, active
+from graphc.dsl.builder import Builder, active, nested_nodes
 from graphc.dsl.grad_hooks import checked_grad, hook_label
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
@@ -78,7 +76,7 @@ class Call:
         firsts = [m.value.producer() for m in inputs]  # Identities of the arguments: before the call's nodes
         nodes[:] = [n for n in nodes if all(n is not f for f in firsts)]
         nodes[self.start:self.start] = list(dict.fromkeys(firsts))
-        readers = {id(n) for n in called} | {id(n) for n in _nested(called)}
+        readers = {id(n) for n in nested_nodes(called)}
         for i, mark in zip(self.arg_floats, inputs):
             for node, index in list(self.args[i].value.uses()):
                 if id(node) in readers:
@@ -101,12 +99,6 @@ class Call:
             got = len(new) if isinstance(new, tuple) else type(new).__name__
             raise CaptureError(f"{where} returned an invalid number of gradients, got {got}, but expected {len(old)}")
         return tuple(g if o is None or g is None else checked_grad(g, o, where) for g, o in zip(new, old))
-
-
-def _nested(nodes: list[ir.Node]) -> list[ir.Node]:
-    """The nodes of the subgraphs (If branches, Loop and Scan bodies) of ``nodes``, at any depth."""
-    return [inner for node in nodes for attr in node.attributes.values() if attr.type == ir.AttributeType.GRAPH
-            for inner in ir.traversal.RecursiveGraphIterator(attr.value)]
 
 
 class ModuleGradOutput(Function):
