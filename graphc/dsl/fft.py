@@ -184,49 +184,38 @@ def _fftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, inverse: bo
     return of_parts(re, im)
 
 
-def _rfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None) -> ComplexTensor:  # noqa: A002
+def _rfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None,  # noqa: A002
+           hermitian: bool = False) -> ComplexTensor:
+    """The one-sided spectrum of a real signal along the last dim, then the forward transform of the other dims.
+    ``hermitian``: torch's inverse Hermitian transform (``ihfftn``): the conjugate of that one-sided spectrum, then
+    the inverse transform of the other dims, each with an inverse transform's ``norm`` scale."""
     x, _ = _parts(name, input, real_only=True)
     dims = _dims(name, x, dim, count)
     lengths = _lengths(name, x, dims, s)
-    re, im = _r2c(x, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], False))
+    re, im = _r2c(x, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], hermitian))
+    if hermitian:
+        im = -im
     for d, n in zip(dims[:-1], lengths[:-1]):
-        re, im = _c2c(re, im, d, n, False, _scale(name, norm, n, False))
+        re, im = _c2c(re, im, d, n, hermitian, _scale(name, norm, n, hermitian))
     return of_parts(re, im)
 
 
-def _irfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None) -> Tensor:  # noqa: A002
+def _irfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None,  # noqa: A002
+            hermitian: bool = False) -> Tensor:
+    """The inverse transform of the non-last dims, then the real signal of the one-sided spectrum along the last.
+    ``hermitian``: torch's Hermitian transform (``hfftn``): the forward transform of the non-last dims, then the
+    real signal of the conjugate's one-sided spectrum along the last, each with a forward transform's ``norm``
+    scale."""
     re, im = _parts(name, input)
     dims = _dims(name, re, dim, count)
     size = re.shape[dims[-1]]
     lengths = _lengths(name, re, dims, s, last_default=2 * (size - 1) if isinstance(size, int) else None)
+    inverse = not hermitian
     for d, n in zip(dims[:-1], lengths[:-1]):
-        re, im = _c2c(re, im, d, n, True, _scale(name, norm, n, True))
-    return _c2r(re, im, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], True))
-
-
-def _hfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None) -> Tensor:  # noqa: A002
-    """torch's Hermitian transform: the forward transform of the non-last dims, then the real signal of the
-    conjugate's one-sided spectrum along the last, each with a forward transform's ``norm`` scale."""
-    re, im = _parts(name, input)
-    dims = _dims(name, re, dim, count)
-    size = re.shape[dims[-1]]
-    lengths = _lengths(name, re, dims, s, last_default=2 * (size - 1) if isinstance(size, int) else None)
-    for d, n in zip(dims[:-1], lengths[:-1]):
-        re, im = _c2c(re, im, d, n, False, _scale(name, norm, n, False))
-    return _c2r(re, None if im is None else -im, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], False))
-
-
-def _ihfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: int | None) -> ComplexTensor:  # noqa: A002
-    """torch's inverse Hermitian transform of a real signal: the conjugate of its one-sided spectrum along the
-    last dim, then the inverse transform of the other dims, each with an inverse transform's ``norm`` scale."""
-    x, _ = _parts(name, input, real_only=True)
-    dims = _dims(name, x, dim, count)
-    lengths = _lengths(name, x, dims, s)
-    re, im = _r2c(x, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], True))
-    im = -im
-    for d, n in zip(dims[:-1], lengths[:-1]):
-        re, im = _c2c(re, im, d, n, True, _scale(name, norm, n, True))
-    return of_parts(re, im)
+        re, im = _c2c(re, im, d, n, inverse, _scale(name, norm, n, inverse))
+    if hermitian and im is not None:
+        im = -im
+    return _c2r(re, im, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], inverse))
 
 
 def fft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
@@ -292,32 +281,32 @@ def irfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None
 def hfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:  # noqa: A002
     """``torch.fft.hfft``: the real ``n``-point transform (default ``2 (m - 1)``) of a Hermitian signal given by
     its first half; no scale under "backward" (it is a forward transform)."""
-    return _hfftn("hfft", input, n, dim, norm, 1)
+    return _irfftn("hfft", input, n, dim, norm, 1, hermitian=True)
 
 
 def ihfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
     """``torch.fft.ihfft``: the ``n // 2 + 1`` non-negative frequencies of a real signal's inverse DFT."""
-    return _ihfftn("ihfft", input, n, dim, norm, 1)
+    return _rfftn("ihfft", input, n, dim, norm, 1, hermitian=True)
 
 
 def hfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
           norm: str | None = None) -> Tensor:
-    return _hfftn("hfft2", input, s, dim, norm, None)
+    return _irfftn("hfft2", input, s, dim, norm, None, hermitian=True)
 
 
 def ihfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
            norm: str | None = None) -> ComplexTensor:
-    return _ihfftn("ihfft2", input, s, dim, norm, None)
+    return _rfftn("ihfft2", input, s, dim, norm, None, hermitian=True)
 
 
 def hfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
           norm: str | None = None) -> Tensor:
-    return _hfftn("hfftn", input, s, dim, norm, _count(s))
+    return _irfftn("hfftn", input, s, dim, norm, _count(s), hermitian=True)
 
 
 def ihfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
            norm: str | None = None) -> ComplexTensor:
-    return _ihfftn("ihfftn", input, s, dim, norm, _count(s))
+    return _rfftn("ihfftn", input, s, dim, norm, _count(s), hermitian=True)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
