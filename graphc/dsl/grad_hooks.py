@@ -30,8 +30,8 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
-__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "refuse_in_body", "refuse_no_grad",
-           "register_hook"]
+__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "no_grad_error", "refuse_in_body",
+           "refuse_no_grad", "refuse_uncallable", "register_hook"]
 
 
 def hook_label(hook: Any) -> str:
@@ -70,11 +70,21 @@ class TensorHook(Function):
         return checked_grad(ctx.hook(grad), grad, ctx.where), None, None
 
 
+def refuse_uncallable(hook: Any, what: str) -> None:
+    """torch's refusal of a hook that is not callable (``Tensor.register_hook``, ``Parameter.register_hook``)."""
+    if not callable(hook):
+        raise TypeError(f"{what}: a hook must be callable, got {type(hook).__name__}")
+
+
+def no_grad_error(what: str, why: str) -> CaptureError:
+    """torch's refusal of a hook on a tensor that doesn't require gradient; ``why`` says what it is."""
+    return CaptureError(f"{what}: cannot register a hook on a tensor that doesn't require gradient ({why})")
+
+
 def refuse_no_grad(tensor: Tensor | None, what: str) -> None:
     """torch's refusal of a hook on a tensor that has no gradient (an integer or bool one)."""
     if tensor is not None and tensor.dtype not in FLOAT_DTYPES:
-        raise CaptureError(f"{what}: cannot register a hook on a tensor that doesn't require gradient "
-                           f"({tensor.name} is {tensor.type_str()})")
+        raise no_grad_error(what, f"{tensor.name} is {tensor.type_str()}")
 
 
 def refuse_in_body(what: str, name: str) -> None:
@@ -123,8 +133,7 @@ def register_hook(tensor: Tensor, hook: Any) -> HookHandle:
     which keeps it: in a captured graph such a hook computes nothing), applied to the tensor's whole gradient,
     several hooks in registration order. Returns a handle whose ``remove()`` takes it off during the capture."""
     where = f"Tensor.register_hook at {user_source()}"
-    if not callable(hook):
-        raise TypeError(f"{where}: a hook must be callable, got {type(hook).__name__}")
+    refuse_uncallable(hook, where)
     builder = active()
     if builder is None:
         raise CaptureError(f"{where}: {tensor.name} is outside gc.capture, where no gradient is taken; register "

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
-from graphc.dsl.grad_hooks import HookHandle, apply_hook, hook_label, refuse_in_body
+from graphc.dsl.grad_hooks import (HookHandle, apply_hook, hook_label, no_grad_error, refuse_in_body,
+                                   refuse_uncallable)
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -93,12 +94,10 @@ class Parameter(Sized):
         and a training graph's update steps by, the hooked gradient; several in registration order. ``remove()``
         takes it off (the captures made meanwhile keep it)."""
         where = f"Parameter.register_hook at {user_source()}"
-        if not callable(hook):
-            raise TypeError(f"{where}: a hook must be callable, got {type(hook).__name__}")
+        refuse_uncallable(hook, where)
         if self.buffer or not self.requires_grad or self.complex:
             why = "a buffer" if self.buffer else "complex" if self.complex else "frozen (requires_grad=False)"
-            raise CaptureError(f"{where}: cannot register a hook on a tensor that doesn't require gradient "
-                               f"(parameter {self.qualname or ''} is {why})")
+            raise no_grad_error(where, f"parameter {self.qualname or ''} is {why}")
         builder = active()
         if builder is not None and len(builder.scopes) > 1:
             refuse_in_body(where, f"parameter {self.qualname}" if self.qualname else "this parameter")
