@@ -18,9 +18,9 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_attrs, static_shape
+from graphc.passes.autodiff.channel_scale import channel_scaled
 from graphc.passes.autodiff.conv_gather import batch_innermost, gather, gathered_conv
 from graphc.passes.autodiff.registry import grad_rule
-from graphc.passes.autodiff.rules_norm import channel_scaled
 from graphc.passes.autodiff.separable import axis_matrix, contract
 from graphc.passes.autodiff.symbolic_spatial import (average_pool_grad, conv_grads, conv_transpose_weight_grad,
                                                      run_time_window, spatial_of, symbolic_spatial)
@@ -631,9 +631,9 @@ def grad_conv(g, node, dy):
             dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
         return dx, dw, db
     spatial, strides, dilations, begin, end = window(g, node, x, kernel)
-    scaled = channel_scaled(dy)
+    scaled = channel_scaled(g, dy, (1,))
     if scaled is not None:  # a BatchNorm's dx, z * factor per output channel: dx by the weight * factor, dW * factor
-        dy, factor = scaled
+        dy, factor, _ = scaled
         factor = g.op("Reshape", factor, g.ints([-1] + [1] * (len(w_shape) - 1)))
         if g.wants(x):
             w = g.mul(w, factor)

@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
+from graphc.passes.autodiff.channel_scale import scaled_by_channel
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_reduce import count_ratio
 from graphc.passes.values import exact_float
@@ -168,9 +169,11 @@ def _batch_norm_training_grads(g, node, dy, axes, scale, bias):
     fastest of 4 profiles of 4 steps taken in turn (ms, dy * k added vs folded): ResNet-18 at
     batch 32 11.50 vs 10.79, at batch 2 3.34 vs 2.98; ResNet-50 52.07 vs 48.73, 9.49 vs 8.78;
     EfficientNet-B0 34.19 vs 32.70 (another two rounds 35.68 vs 32.64), 7.64 vs 7.03 (33 of its
-    49 BatchNorms follow a Conv that ``dense_conv`` made a Gemm: their multiply stays; with k
-    left out of every dx, wrong values timed only, 35.87 vs 30.80 at batch 32); the Conv
-    gradients' products by the factor take 0.27 ms of EfficientNet-B0's step at batch 32.
+    49 BatchNorms follow a Conv that ``dense_conv`` made a Gemm or products; with k left out of
+    every dx, wrong values timed only, 35.87 vs 30.80 at batch 32); the Conv gradients' products
+    by the factor take 0.27 ms of EfficientNet-B0's step at batch 32. The depthwise products on
+    2x2 maps take k too (``rules_linalg._batch_fold``: 1.02 -> 0.15 ms); after the Gemms the
+    multiply stays (``grad_gemm``: no faster).
     Fwd+bwd of one training BN on
     onnxruntime (CPU, 2 threads, interleaved, forward lowered as ``training.modes`` does), in ms,
     this form vs the textbook one (xhat materialised, dx from four full-size Sub/Mul):
@@ -213,30 +216,6 @@ def _batch_norm_training_grads(g, node, dy, axes, scale, bias):
     dscale = g.reshape_like(s2, scale) if g.wants(node.inputs[1]) else None
     dbias = g.reshape_like(s1, bias) if g.wants(node.inputs[2]) else None
     return dx, dscale, dbias
-
-
-# Marks a gradient dx = z * k, k one factor per channel ([1, C, 1, ...]), which a Conv's gradient
-# rule reading it as its dy (the Conv made the BatchNorm's input) takes apart (``channel_scaled``).
-CHANNEL_SCALE_KEY = "graphc.channel_scale"
-
-
-def scaled_by_channel(g: GradBuilder, z: ir.Value, k: ir.Value) -> ir.Value:
-    """``z * k`` (``k`` one factor per channel, broadcast against ``z`` [N, C, *S]), marked so that
-    the gradient rule of the Conv that made it reads ``z`` and folds ``k`` into its weight."""
-    out = g.mul(z, k)
-    out.producer().metadata_props[CHANNEL_SCALE_KEY] = "1"
-    return out
-
-
-def channel_scaled(dy: ir.Value) -> tuple[ir.Value, ir.Value] | None:
-    """(z, k) of a ``dy`` that ``scaled_by_channel`` made, z given dy's type and shape (autodiff
-    types a rule's results, not what it made on the way); else None."""
-    node = dy.producer()
-    if node is None or CHANNEL_SCALE_KEY not in node.metadata_props:
-        return None
-    z, k = node.inputs
-    z.dtype, z.shape = dy.dtype, dy.shape
-    return z, k
 
 
 @grad_rule("LayerNormalization", multi_output=True)
