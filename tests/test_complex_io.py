@@ -5,10 +5,13 @@ complex arrays (or the pair), ``graphc run`` on a complex ``.npy``, and the feed
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import onnx
 import pytest
 from cli_util import run_cli
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
 
 import graphc as gc
 
@@ -91,3 +94,28 @@ def test_graphc_run_reads_and_writes_complex_arrays(capsys, tmp_path):
     with np.load(tmp_path / "out.npz") as out:
         assert out["mixed"].dtype == np.complex128
         np.testing.assert_allclose(out["mixed"], np.fft.fft(z) * x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")
+def test_map_batches_and_graphc_run_workers_take_and_give_complex_arrays(ray_cluster, capsys, tmp_path):
+    """map_batches checked the complex feed against the pair's dtype ('expected z: float64[N,8,2], got
+    complex128[6,8]'), so ``graphc run --workers 2`` refused every complex input."""
+    z = RNG.standard_normal((6, 8)) + 1j * RNG.standard_normal((6, 8))
+    x = RNG.standard_normal((6, 8))
+    model = gc.capture(lambda z, x: _spectra(gc, z, x), z=gc.spec("complex128", ("N", 8)), x=gc.spec(gc.float64, ("N", 8)))
+    one = gc.Session(model, backend="ort-cpu").run({"z": z, "x": x})
+    out = gc.distributed.map_batches(model, {"z": z, "x": x}, backend="ort-cpu", batch_size=4, workers=2, num_cpus=0.5)
+    for name, value in one.items():
+        assert out[name].dtype == value.dtype
+        np.testing.assert_array_equal(out[name], value)
+    model.save(tmp_path / "m.onnx")
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "x.npy", x)
+    result = run_cli(capsys, "run", tmp_path / "m.onnx", "-b", "numpy", "-i", f"z={tmp_path / 'z.npy'}", "-i",
+                     f"x={tmp_path / 'x.npy'}", "--workers", "2", "--batch-size", "3", "-o", tmp_path / "out.npz")
+    assert result.code == 0, result.err
+    with np.load(tmp_path / "out.npz") as saved:
+        assert saved["mixed"].dtype == np.complex128
+        np.testing.assert_allclose(saved["mixed"], np.fft.fft(z) * x, rtol=1e-12, atol=1e-12)
+    with pytest.raises(gc.InputError, match=r"expected z: complex128\[N,8\] .* got complex64\[6,8\]"):
+        gc.distributed.map_batches(model, {"z": z.astype(np.complex64), "x": x}, backend="ort-cpu", workers=2)

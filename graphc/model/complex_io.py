@@ -58,9 +58,15 @@ def real_pair(array: np.ndarray) -> np.ndarray:
     return np.stack([array.real, array.imag], -1)
 
 
+def pairs_of(specs: list[TensorSpec], complex_inputs: frozenset[str], feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """``feeds`` with each of ``complex_inputs`` as its pair (``to_pair``; ``specs``: the model's inputs, the pairs')."""
+    by_name = {s.name: s for s in specs}
+    return {k: to_pair(by_name[k], v) if k in complex_inputs else v for k, v in feeds.items()}
+
+
 def from_pair(pair: np.ndarray) -> np.ndarray:
     """A ``[..., 2]`` real pair as the complex array it holds (complex64 for float32 parts)."""
     return np.ascontiguousarray(pair).view(_COMPLEX_OF[str(pair.dtype)])[..., 0]
 
 
-__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "real_pair", "from_pair"]
+__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "real_pair", "pairs_of", "from_pair"]

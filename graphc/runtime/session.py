@@ -109,8 +109,7 @@ class Session:
         array (or its ``[..., 2]`` real pair) and a complex output comes back complex (``graphc.model.complex_io``),
         or as its pair with ``complex_pairs`` (serving's, whose protocol has no complex datatype)."""
         if self.complex_inputs and isinstance(feeds, Mapping):
-            specs = {s.name: s for s in self.inputs}
-            feeds = {k: complex_io.to_pair(specs[k], v) if k in self.complex_inputs else v for k, v in feeds.items()}
+            feeds = complex_io.pairs_of(self.inputs, self.complex_inputs, feeds)
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
         names = self._check_outputs(outputs)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.errors import GraphError, InputError
+from graphc.model import complex_io
 from graphc.runtime.distributed.cluster import check_resources, connect, get
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.runtime.feeds import optional_inputs, validate_feeds
@@ -103,7 +104,10 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     if not dataset:  # checked whole, as one gc.Session would, before any worker starts
         if not isinstance(data, Mapping):
             raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
-        arrays = validate_feeds(loaded.inputs, data, optional_inputs(loaded))
+        # complex inputs as Session.run takes them (the pairs go to the workers, whose Sessions give complex outputs)
+        complex_inputs, _ = complex_io.complex_names(loaded.ir.metadata_props)
+        arrays = validate_feeds(loaded.inputs, complex_io.pairs_of(loaded.inputs, complex_inputs, data),
+                                optional_inputs(loaded))
         split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True) and s.name in arrays}
         rows = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in split}
         if len(set(rows.values())) != 1 or None in rows.values():
