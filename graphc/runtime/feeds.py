@@ -48,8 +48,9 @@ def check_one(spec: TensorSpec, shape: Sequence[int], dtype: str, dims: dict[str
     """Check one value's dtype/shape against ``spec``; ``dims`` collects symbolic dim sizes."""
     got = type_text(dtype, shape)
     if dtype != spec.dtype:
-        raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
-                         f"(dtype {dtype} is not {spec.dtype}; cast it with .astype)")
+        fix = ("a complex array goes in as its [..., 2] real pair here: np.stack([z.real, z.imag], -1)"
+               if dtype.startswith("complex") else "cast it with .astype")
+        raise InputError(f"input {spec.name!r}: expected {spec}, got {got} (dtype {dtype} is not {spec.dtype}; {fix})")
     if spec.shape is None:
         return
     if len(shape) != len(spec.shape):
