@@ -172,6 +172,26 @@ CASES.update({
                                                                upper=False).solution, [*_SPD, _n(4, 2)]),
     "linalg_vecdot": (lambda M, a, b: M.linalg.vecdot(a, b), [_n(3, 5), _n(3, 5)]),
 })
+
+
+def _spectrum(op):
+    """``op`` (the real part of a complex output) of a bfloat16 product under autocast, which a float32 op
+    casts; of the float32 input itself for an op torch's CPU list leaves out (its kernel refuses bfloat16)."""
+    def fn(M, a, b):
+        x = a if autocast_policy.kind(op, "cpu") == autocast_policy.GIVEN else M.matmul(a, b)
+        out = getattr(M.fft, op.removeprefix("fft_"))(x)
+        return out.real if out.is_complex() else out
+    return fn
+
+
+# the transforms torch's CPU autocast lists run in float32; the others (hfft2, hfftn, ihfft2, ihfftn) as given
+FFTS = [f"fft_{op}" for op in ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2",
+                                "rfftn", "irfftn", "hfft", "ihfft", "hfft2", "hfftn", "ihfft2", "ihfftn")]
+CASES.update({op: (_spectrum(op), [_n(4, 6), _n(6, 8)]) for op in FFTS})
+CASES.update({
+    "polar": (lambda M, a, b: M.polar(M.matmul(a, b).abs(), b[0]).real, [_n(3, 4), _n(4, 4)]),
+    "view_as_complex": (lambda M, a, b: M.view_as_complex(M.matmul(a, b)).imag, [_n(3, 4), _n(4, 2)]),
+})
 CPU_OPS = sorted(op for op, (cpu, _) in autocast_policy.POLICY.items() if cpu is not None)
 
 
@@ -220,7 +240,10 @@ def test_policy_cpu_column_is_torchs(op):
     own mixes), ``mixed`` norms keep bfloat16 beside float32 params."""
     kind = autocast_policy.kind(op, "cpu")
     arrays = _arrays(op)
-    if kind == autocast_policy.FP32:
+    if kind == autocast_policy.GIVEN:  # not cast: torch's kernel refuses a bfloat16 input
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="BFloat16"):
+            CASES[op][0](torch, *[torch.from_numpy(a).bfloat16() for a in arrays])
+    elif kind == autocast_policy.FP32:
         ts = [torch.from_numpy(a) for a in arrays]
         ts = [t.bfloat16() if t.is_floating_point() else t for t in ts]
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -295,3 +318,27 @@ def test_cuda_column_float32_and_lower_ops():
 
     assert dtypes("cuda") == ["float32"] * 5 + ["float16"]
     assert dtypes("cpu") == ["float16"] * 5 + ["bfloat16"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fourier_transforms_are_not_lowered(device):
+    """``gc.fft``'s transforms are MatMuls with a cos/sin basis: under ``gc.autocast`` they run in float32 (CPU:
+    torch's list; CUDA: as given) with no Cast, equal to torch's float32 transform to float32's precision. They
+    ran in the low dtype before (bfloat16 outputs 2.4e-2 off an rfft whose values reach 8.2)."""
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    for op in FFTS:
+        fn = getattr(gc.fft, op.removeprefix("fft_"))
+
+        def captured(x):
+            with gc.autocast(device):
+                out = fn(x)
+            return gc.view_as_real(out) if out.is_complex() else out
+
+        model = gc.capture(captured, x=gc.spec("float32", x.shape))
+        assert {n.op_type for n in model.ir.graph}.isdisjoint({"Cast"}), op
+        want = getattr(torch.fft, op.removeprefix("fft_"))(torch.from_numpy(x))
+        want = (torch.view_as_real(want.resolve_conj()) if want.is_complex() else want).numpy()
+        for backend in ("numpy", "ort-cpu"):
+            got = gc.Session(model, backend=backend).run({"x": x})["output"]
+            assert got.dtype == np.float32, (op, backend)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{op} {backend}")

@@ -164,6 +164,8 @@ def _target(kind: str, state: _State, args: tuple, kwargs: dict) -> str | None:
         return state.dtype
     if kind == policy.PROMOTE:
         return widest(found) if len(found) > 1 else None
+    if kind == policy.GIVEN:
+        return None
     return "float32"  # FP32; MIXED, whose result goes back to its input's narrow dtype
 
 

@@ -4,24 +4,26 @@
 ``fp32``: cast to float32; ``promote``: cast to the widest floating dtype among them (bfloat16
 with float16 is float32); ``mixed``: torch's mixed-dtype norm kernels, which autocast leaves
 alone: a narrow input with float32 affine params is normalized in float32 and the result rounded
-to the input's dtype. float64 arguments are never cast.
+to the input's dtype; ``given``: nothing cast, the op's own inner ops run with autocast off (torch
+computes it in one kernel, which graphc builds from listed ops: ``gc.fft``'s MatMuls). float64
+arguments are never cast.
 
 The CPU column is torch 2.13's own behaviour, probed under ``torch.autocast("cpu",
 dtype=torch.bfloat16)`` (the output dtype of each op; ``tests/test_autocast_ops.py`` probes it
 again). The CUDA column could not be probed here (no GPU): it is the documented list of torch's
 "Autocast Op Reference" (CUDA ops that can autocast to float16 / to float32 / to the widest
-input type), restricted to the ops graphc has (no ``fft_*``: graphc has no FFT); ``nn.GRUCell`` and the
+input type), restricted to the ops graphc has, with ``given`` for the transforms it does not list; ``nn.GRUCell`` and the
 other cell modules step through the functional cells, so the cells' entries are theirs too, as torch's.
 """
 
 from __future__ import annotations
 
-LOWER, FP32, PROMOTE, MIXED = "lower", "fp32", "promote", "mixed"
+LOWER, FP32, PROMOTE, MIXED, GIVEN = "lower", "fp32", "promote", "mixed", "given"
 DEVICES = ("cpu", "cuda")
 # device type -> (the default dtype, the dtypes it takes), as torch.autocast's
 DTYPES = {"cpu": ("bfloat16", ("bfloat16", "float16")), "cuda": ("float16", ("float16", "bfloat16"))}
 
-_L, _F, _P, _M = LOWER, FP32, PROMOTE, MIXED
+_L, _F, _P, _M, _G = LOWER, FP32, PROMOTE, MIXED, GIVEN
 # torch op name -> (cpu, cuda); None: not listed for that device type (runs on what it is given)
 POLICY: dict[str, tuple[str | None, str | None]] = {
     # matrix products and convolutions
@@ -54,6 +56,11 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     # statistics, spectra, quantization (per tensor with float scale and int zero point)
     "quantile": (_F, None), "nanquantile": (_F, None), "stft": (_F, None),
     "fake_quantize_per_tensor_affine": (_F, None),
+    # Fourier transforms (``gc.fft``: MatMuls with a cos/sin basis, which must not lower) and complex views
+    **{f"fft_{op}": (_F, _G) for op in ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2",
+                                        "irfft2", "rfftn", "irfftn", "hfft", "ihfft")},
+    **{f"fft_{op}": (_G, _G) for op in ("hfft2", "hfftn", "ihfft2", "ihfftn")},
+    "polar": (_F, None), "view_as_complex": (_F, None),
     # matrix factorizations and solvers (``cholesky`` is torch.cholesky's and linalg_cholesky's, ...)
     "cholesky": (_F, None), "linalg_cholesky_ex": (_F, None), "cholesky_solve": (_F, None),
     "cholesky_inverse": (_F, None), "pinverse": (_F, None), "geqrf": (_F, None), "orgqr": (_F, None),
@@ -115,4 +122,4 @@ def kind(op: str, device: str) -> str | None:
     return POLICY[op][DEVICES.index(device)]
 
 
-__all__ = ["DEVICES", "DTYPES", "FP32", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_kinds", "onnx_lower"]
+__all__ = ["DEVICES", "DTYPES", "FP32", "GIVEN", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_kinds", "onnx_lower"]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import inplace, ops, ops_aliases, ops_array, ops_binary, ops_math, ops_torch_misc
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import ComplexTensor, Tensor, complex_refusal
 from graphc.errors import CaptureError
@@ -265,6 +266,7 @@ def complex(real: Any, imag: Any) -> ComplexTensor:  # noqa: A001 - torch's name
     return of_parts(re, im)
 
 
+@autocast_op()
 def polar(abs: Any, angle: Any) -> ComplexTensor:  # noqa: A002 - torch's names
     """``torch.polar``: ``abs * (cos(angle) + i sin(angle))``."""
     r, theta = _float_part("polar", "abs", abs), _float_part("polar", "angle", angle)
@@ -279,6 +281,7 @@ def view_as_real(input: Any) -> Tensor:  # noqa: A002
     return pair(input)
 
 
+@autocast_op()
 def view_as_complex(input: Any) -> ComplexTensor:  # noqa: A002
     """``torch.view_as_complex``: a float32/float64 Tensor whose last dim is 2 read as complex."""
     t = _float_part("view_as_complex", "input", input)

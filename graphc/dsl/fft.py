@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_array
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.complex_ops import of_parts, operand, pair
 from graphc.dsl.tensor import ComplexTensor, Tensor
@@ -218,92 +219,110 @@ def _irfftn(name: str, input: Any, s: Any, dim: Any, norm: str | None, count: in
     return _c2r(re, im, dims[-1], lengths[-1], _scale(name, norm, lengths[-1], inverse))
 
 
+@autocast_op("fft_fft")
 def fft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
     """``torch.fft.fft``: the DFT of ``n`` points (the input cropped or zero-padded) along ``dim``."""
     return _fftn("fft", input, n, dim, norm, False, 1)
 
 
+@autocast_op("fft_ifft")
 def ifft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
     return _fftn("ifft", input, n, dim, norm, True, 1)
 
 
+@autocast_op("fft_rfft")
 def rfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
     """``torch.fft.rfft``: the ``n // 2 + 1`` non-negative frequencies of a real signal's DFT."""
     return _rfftn("rfft", input, n, dim, norm, 1)
 
 
+@autocast_op("fft_irfft")
 def irfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:  # noqa: A002
     """``torch.fft.irfft``: the real signal of ``n`` points (default ``2 (m - 1)``) of a one-sided spectrum."""
     return _irfftn("irfft", input, n, dim, norm, 1)
 
 
+@autocast_op("fft_fft2")
 def fft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
          norm: str | None = None) -> ComplexTensor:
     return _fftn("fft2", input, s, dim, norm, False, None)
 
 
+@autocast_op("fft_ifft2")
 def ifft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
           norm: str | None = None) -> ComplexTensor:
     return _fftn("ifft2", input, s, dim, norm, True, None)
 
 
+@autocast_op("fft_rfft2")
 def rfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
           norm: str | None = None) -> ComplexTensor:
     return _rfftn("rfft2", input, s, dim, norm, None)
 
 
+@autocast_op("fft_irfft2")
 def irfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
            norm: str | None = None) -> Tensor:
     return _irfftn("irfft2", input, s, dim, norm, None)
 
 
+@autocast_op("fft_fftn")
 def fftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
          norm: str | None = None) -> ComplexTensor:
     """``torch.fft.fftn``: over ``dim`` (default: the last ``len(s)`` dims, or every dim)."""
     return _fftn("fftn", input, s, dim, norm, False, _count(s))
 
 
+@autocast_op("fft_ifftn")
 def ifftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
           norm: str | None = None) -> ComplexTensor:
     return _fftn("ifftn", input, s, dim, norm, True, _count(s))
 
 
+@autocast_op("fft_rfftn")
 def rfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
           norm: str | None = None) -> ComplexTensor:
     return _rfftn("rfftn", input, s, dim, norm, _count(s))
 
 
+@autocast_op("fft_irfftn")
 def irfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
            norm: str | None = None) -> Tensor:
     return _irfftn("irfftn", input, s, dim, norm, _count(s))
 
 
+@autocast_op("fft_hfft")
 def hfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:  # noqa: A002
     """``torch.fft.hfft``: the real ``n``-point transform (default ``2 (m - 1)``) of a Hermitian signal given by
     its first half; no scale under "backward" (it is a forward transform)."""
     return _irfftn("hfft", input, n, dim, norm, 1, hermitian=True)
 
 
+@autocast_op("fft_ihfft")
 def ihfft(input: Any, n: int | None = None, dim: int = -1, norm: str | None = None) -> ComplexTensor:  # noqa: A002
     """``torch.fft.ihfft``: the ``n // 2 + 1`` non-negative frequencies of a real signal's inverse DFT."""
     return _rfftn("ihfft", input, n, dim, norm, 1, hermitian=True)
 
 
+@autocast_op("fft_hfft2")
 def hfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
           norm: str | None = None) -> Tensor:
     return _irfftn("hfft2", input, s, dim, norm, None, hermitian=True)
 
 
+@autocast_op("fft_ihfft2")
 def ihfft2(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),  # noqa: A002
            norm: str | None = None) -> ComplexTensor:
     return _rfftn("ihfft2", input, s, dim, norm, None, hermitian=True)
 
 
+@autocast_op("fft_hfftn")
 def hfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
           norm: str | None = None) -> Tensor:
     return _irfftn("hfftn", input, s, dim, norm, _count(s), hermitian=True)
 
 
+@autocast_op("fft_ihfftn")
 def ihfftn(input: Any, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,  # noqa: A002
            norm: str | None = None) -> ComplexTensor:
     return _rfftn("ihfftn", input, s, dim, norm, _count(s), hermitian=True)
