@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx
 
-from graphc.model.graphs import all_graphs
+from graphc.model.graphs import reads
 
 
 def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: list, disabled: Sequence[str],
@@ -36,24 +36,15 @@ def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: lis
     return ordered
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The names ``node`` reads, in its subgraphs too (a body's outer values)."""
-    names = set(node.input)
-    for attr in node.attribute:
-        for body in (*attr.graphs, *([attr.g] if attr.HasField("g") else [])):
-            names.update(name for g in all_graphs(body) for inner in g.node for name in inner.input)
-    return names - {""}
-
-
 def sort(graph: onnx.GraphProto, ranks: Mapping[str, int]) -> None:
     """Order ``graph.node`` topologically, the ready node of the lowest rank next: a node named
     in ``ranks`` (node name -> position in the graph onnxruntime was given) has its rank there; a
     node onnxruntime made takes the lowest rank of its readers (it runs just before the first
     of them), or, read by none, the highest of its producers'. Ties keep onnxruntime's order."""
     nodes = list(graph.node)
-    reads = [_reads(n) for n in nodes]
+    read = [reads(n) for n in nodes]
     producer = {name: i for i, n in enumerate(nodes) for name in n.output if name}
-    inputs = [sorted({producer[name] for name in r if name in producer} - {i}) for i, r in enumerate(reads)]
+    inputs = [sorted({producer[name] for name in r if name in producer} - {i}) for i, r in enumerate(read)]
     readers: list[list[int]] = [[] for _ in nodes]
     for i, sources in enumerate(inputs):
         for j in sources:
