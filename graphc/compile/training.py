@@ -135,17 +135,23 @@ class FlatBuffer(BaseModel):
         dtype = to_numpy(self.dtype)
         return np.concatenate([np.asarray(tensors[p + suffix], dtype=dtype).reshape(-1) for p in self.params])
 
+    def offsets(self) -> list[tuple[str, int, int]]:
+        """(param, its first element in the buffer, its elements), the params laid end to end."""
+        out, offset = [], 0
+        for p, shape in zip(self.params, self.shapes):
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append((p, offset, size))
+            offset += size
+        return out
+
     def unpack(self, buffers: Mapping[str, np.ndarray],
                orders: Mapping[str, list[int]] | None = None) -> dict[str, np.ndarray]:
         """Per-param arrays from the buffers ``pack`` made: views, but copies in the model's order
         of the params ``orders`` names (their pieces are in that order of axes)."""
         out = {}
         for buf, suffix in self.tensors():
-            offset = 0
-            for p, shape in zip(self.params, self.shapes):
-                size = int(np.prod(shape, dtype=np.int64))
+            for (p, offset, size), shape in zip(self.offsets(), self.shapes):
                 out[p + suffix] = _model_order(buffers[buf][offset:offset + size], shape, (orders or {}).get(p))
-                offset += size
         return out
 
 

@@ -24,22 +24,20 @@ def piece_name(buffer: str) -> str:
     return buffer + PIECE_SUFFIX
 
 
-def spans(buffer: Any, first: int, end: int) -> list[tuple[str, int, int, int]]:
-    """(param, its first and end element in the slice, where in the slice they go) of each param of
-    ``buffer`` (a ``FlatBuffer``) with elements in ``[first, end)``."""
-    out, offset = [], 0
-    for param, shape in zip(buffer.params, buffer.shapes):
-        size = int(np.prod(shape, dtype=np.int64))
+def spans(buffer: Any, first: int, end: int) -> list[tuple[str, int, int, int, int]]:
+    """(param, its first and end element in the slice, where in the slice they go, its elements) of
+    each param of ``buffer`` (a ``FlatBuffer``) with elements in ``[first, end)``."""
+    out = []
+    for param, offset, size in buffer.offsets():
         lo, hi = max(first, offset), min(end, offset + size)
         if lo < hi:
-            out.append((param, lo - offset, hi - offset, lo - first))
-        offset += size
+            out.append((param, lo - offset, hi - offset, lo - first, size))
     return out
 
 
 def gather(buffer: Any, first: int, end: int, arrays: Mapping[str, np.ndarray], suffix: str = "") -> np.ndarray:
     """Elements ``[first, end)`` of ``buffer``'s ``<param><suffix>`` ``arrays`` end to end."""
-    parts = [np.asarray(arrays[p + suffix]).reshape(-1)[lo:hi] for p, lo, hi, _ in spans(buffer, first, end)]
+    parts = [np.asarray(arrays[p + suffix]).reshape(-1)[lo:hi] for p, lo, hi, *_ in spans(buffer, first, end)]
     return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
 
@@ -48,10 +46,9 @@ def scatter(buffer: Any, first: int, end: int, flat: np.ndarray,
     """The params of ``buffer`` with elements ``[first, end)``, set there from the slice ``flat``: new
     arrays (a param the slice covers only in part copied from ``read(param)`` first)."""
     out = {}
-    for param, lo, hi, at in spans(buffer, first, end):
+    for param, lo, hi, at, size in spans(buffer, first, end):
         shape = buffer.shapes[buffer.params.index(param)]
-        whole = lo == 0 and hi == int(np.prod(shape, dtype=np.int64))
-        new = np.empty(shape, flat.dtype) if whole else np.array(read(param), copy=True)
+        new = np.empty(shape, flat.dtype) if lo == 0 and hi == size else np.array(read(param), copy=True)
         new.reshape(-1)[lo:hi] = flat[at:at + hi - lo]
         out[param] = new
     return out

@@ -66,7 +66,7 @@ class ShardPlan:
         first = next((u for u in order if u[0][0] not in gated), None)  # rank 0 steps a unit every step reads
         if first is not None:
             order = [first, *(u for u in order if u is not first)]
-        buffers = [Buffer(b.name, sum(math.prod(s) for s in b.shapes), itemsize(b.params[0])) for b in manifest.layout]
+        buffers = [Buffer(b.name, sum(size for *_, size in b.offsets()), itemsize(b.params[0])) for b in manifest.layout]
         shares = balance(order, buffers, workers, lead=first is None)
         self.buffers = {b.name: b for b in manifest.layout}
         for mine, pieces in zip(shares.params, shares.pieces):  # a whole buffer: stepped per param, as unsharded
