@@ -21,10 +21,11 @@ from graphc.model.graphs import reads
 
 
 def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: list, disabled: Sequence[str],
-                       model: onnx.ModelProto, optimized: Path) -> Path:
+                       model: onnx.ModelProto, optimized: Path) -> tuple[Path, onnx.GraphProto]:
     """Optimize ``data`` in a first session (which writes ``optimized``, not profiled), put that
     graph's nodes in ``model``'s order (``sort``) next to it, and set ``options`` to load it
-    as it is: the path to open (its large initializers in ``optimized``'s external data)."""
+    as it is: the path to open (its large initializers in ``optimized``'s external data) and
+    the sorted graph."""
     profiling, options.enable_profiling = options.enable_profiling, False
     ort.InferenceSession(data, options, providers=providers, disabled_optimizers=list(disabled) or None)
     written = onnx.load(str(optimized), load_external_data=False)
@@ -33,7 +34,7 @@ def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: lis
     onnx.save(written, str(ordered))
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.optimized_model_filepath, options.enable_profiling = "", profiling
-    return ordered
+    return ordered, written.graph
 
 
 def sort(graph: onnx.GraphProto, ranks: Mapping[str, int]) -> None:

@@ -23,15 +23,16 @@ import numpy as np
 import onnx
 
 from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, graph_order, integers,
-                             loop_bodies, narrow_casts, nchwc, opsets, pad_axes, pools, recurrent, scans, transposes)
+                             loop_bodies, narrow_casts, opsets, pad_axes, pools, recurrent, scans)
+from graphc.backends.cpu_model import cpu_kernels, race_free
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
 from graphc.backends.cancel import CancelToken
 from graphc.errors import BackendError, BackendUnavailable, RunCancelled
 from graphc.model import RECOMPUTED_KEY, node_label, node_source
-from graphc.model.file import all_graphs, distinct_subgraph_outputs, unique_node_names, with_body_output_shapes
-from graphc.model.inferred import SharedTypes, TypesOf
+from graphc.model.file import distinct_subgraph_outputs, unique_node_names, with_body_output_shapes
+from graphc.model.inferred import SharedTypes
 from graphc.model.dtypes import to_onnx
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -204,9 +205,9 @@ class _OrtBackend:
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
-            model = narrow_casts.lower_for_cpu(_race_free(model, options), types_of)  # as a Triton CPU instance's file
+            model = narrow_casts.lower_for_cpu(race_free(model, options), types_of)  # as a Triton CPU instance's file
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
-                model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                model = cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                      types_of)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
         if flush_denormals:
@@ -288,51 +289,6 @@ def _exact_cpu_arena() -> bool:
     return True
 
 
-def _cpu_kernels(model: onnx.ModelProto, blocked: bool, types_of: TypesOf) -> onnx.ModelProto:
-    """The ort-cpu session's copy of ``model``, its nodes moved onto faster kernels: Transposes of
-    few rows as Einsums (``transposes``) and, with ``blocked`` (level "all", whose layout
-    transforms the NCHWc ops are), Convs with fed weights on the NCHWc kernels (``nchwc``); one
-    shape inference for both (``types_of(model)``), and none where neither has a node to look at."""
-    ops = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
-    if "Transpose" not in ops and not (blocked and "Conv" in ops):
-        return model
-    types = types_of(model)
-    if types is None:
-        return model
-    model, _ = transposes.rewrite(model, types)
-    if blocked:
-        model, _ = nchwc.rewrite(model, nchwc.block_size(), types=types)
-    return model
-
-
-def _race_free(model: onnx.ModelProto, options: Any) -> onnx.ModelProto:
-    """``model`` without the reducing ScatterND nodes onnxruntime's CPU provider runs with a race
-    (``graphc.passes.scatters``): those of the main graph are rewritten as ScatterElements (ranks
-    from onnx's shape inference); where one is left (in a subgraph, or of unknown rank) the
-    session runs single-threaded instead. ``model`` itself is not changed."""
-    def reducing(graph: onnx.GraphProto) -> int:
-        return sum(node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and any(
-            a.name == "reduction" and a.s.decode() != "none" for a in node.attribute) for node in graph.node)
-
-    outer = reducing(model.graph)
-    left = sum(reducing(g) for g in all_graphs(model.graph) if g is not model.graph)
-    if outer:
-        import onnx_ir as ir
-
-        from graphc.passes.scatters import scatter_nd_as_elements
-
-        try:
-            typed = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
-        except (onnx.shape_inference.InferenceError, ValueError):  # over 2 GiB, or inconsistent
-            left += outer
-        else:
-            left += scatter_nd_as_elements(typed)[1]
-            model = ir.serde.serialize_model(typed)
-    if left:
-        options.intra_op_num_threads = 1
-    return model
-
-
 def _optimization_level(level: str | int):
     ort = _ort()
     if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(_LEVELS):
@@ -386,16 +342,18 @@ class OrtExecutable:
                                                  "optimized.data")
                 options.add_session_config_entry(
                     "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            graph = None  # the graph onnxruntime runs, where it wrote one: graph_order's sorted one
             try:  # the first session of the process sets its builder's flush mode for good: not here
                 with denormals.flushing(False):
                     if in_graph_order:
-                        optimized = graph_order.optimized_in_order(ort, data, options, providers, disabled_optimizers,
-                                                                   model, optimized)
+                        optimized, graph = graph_order.optimized_in_order(ort, data, options, providers,
+                                                                          disabled_optimizers, model, optimized)
                     self.session = ort.InferenceSession(str(optimized) if in_graph_order else data, options,
                                                         providers, disabled_optimizers=list(disabled_optimizers) or None)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
-            graph = onnx.load(str(optimized), load_external_data=False).graph if optimized.is_file() else None
+            if graph is None and optimized.is_file():
+                graph = onnx.load(str(optimized), load_external_data=False).graph
         self.copy_nodes = sum(n.op_type in _COPY_OPS for n in graph.node) if graph is not None else 0
         # the graph onnxruntime runs (None unless asked for, or where onnxruntime wrote none)
         self.optimized_graph = graph if optimized_graph else None
