@@ -69,9 +69,10 @@ class ShardPlan:
         buffers = [Buffer(b.name, sum(size for *_, size in b.offsets()), itemsize(b.params[0])) for b in manifest.layout]
         shares = balance(order, buffers, workers, lead=first is None)
         self.buffers = {b.name: b for b in manifest.layout}
+        elements = {b.name: b.elements for b in buffers}
         for mine, pieces in zip(shares.params, shares.pieces):  # a whole buffer: stepped per param, as unsharded
             for name, (lo, hi) in list(pieces.items()):
-                if hi - lo == next(b.elements for b in buffers if b.name == name):
+                if hi - lo == elements[name]:
                     mine += self.buffers[name].params
                     del pieces[name]
         self.params, self.pieces, self.bytes = shares.params, shares.pieces, shares.bytes
