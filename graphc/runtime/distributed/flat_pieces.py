@@ -38,7 +38,7 @@ def spans(buffer: Any, first: int, end: int) -> list[tuple[str, int, int, int, i
 def gather(buffer: Any, first: int, end: int, arrays: Mapping[str, np.ndarray], suffix: str = "") -> np.ndarray:
     """Elements ``[first, end)`` of ``buffer``'s ``<param><suffix>`` ``arrays`` end to end."""
     parts = [np.asarray(arrays[p + suffix]).reshape(-1)[lo:hi] for p, lo, hi, *_ in spans(buffer, first, end)]
-    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+    return np.concatenate(parts)
 
 
 def scatter(buffer: Any, first: int, end: int, flat: np.ndarray,
