@@ -247,23 +247,20 @@ def _clamped(lib):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_hooks_see_the_scaled_gradient_and_a_micro_batchs_own(backend):
+def test_hooks_see_the_scaled_gradient_and_the_weighted_one(backend):
     """Under loss scaling a hook gets the scaled gradient, as torch's under GradScaler; with accumulate=2 it gets
-    each micro-batch's gradient of its own mean loss (graphc weighs the micro-batches after the backward)."""
+    each micro-batch's weighted gradient, as torch's in its ``(loss * rows / step_rows).backward()`` loop."""
     model = gc.capture(_clamped(gc)().double(), x=gc.spec("float64", ("N", 3)))
     x, y = RNG.normal(size=(8, 3)) * 2, RNG.normal(size=(8, 1)) * 3
 
     def torch_sgd(parts, seed_scale):
         twin = _clamped(torch)().double()
         twin.load_state_dict({k: torch.tensor(v) for k, v in model.params.items()})
-        total = {k: 0.0 for k in model.params}
         for xs, ys in zip(np.array_split(x, parts), np.array_split(y, parts)):
-            twin.zero_grad()
             loss = torch.nn.functional.mse_loss(twin(torch.tensor(xs)), torch.tensor(ys))
-            (loss * seed_scale).backward()
-            for k, p in twin.named_parameters():
-                total[k] = total[k] + p.grad.numpy() / seed_scale * len(xs) / len(x)
-        return {k: model.params[k] - 0.5 * total[k] for k in model.params}
+            (loss * seed_scale * len(xs) / len(x)).backward()
+        grads = {k: p.grad.numpy() / seed_scale for k, p in twin.named_parameters()}
+        return {k: model.params[k] - 0.5 * grads[k] for k in model.params}
 
     for options, want in (({"loss_scale": 1024.0}, torch_sgd(1, 1024.0)), ({"accumulate": 2}, torch_sgd(2, 1.0))):
         scale = {"loss_scale": options.pop("loss_scale")} if "loss_scale" in options else {}
@@ -274,3 +271,4 @@ def test_hooks_see_the_scaled_gradient_and_a_micro_batchs_own(backend):
             np.testing.assert_allclose(trainer.params[name], value, rtol=1e-12, atol=1e-15, err_msg=f"{options} {name}")
     unscaled = torch_sgd(1, 1.0)  # the clamps bite: what the hooks see decides the step
     assert np.abs(torch_sgd(1, 1024.0)["fc1.weight"] - unscaled["fc1.weight"]).max() > 1e-3
+    assert np.abs(torch_sgd(2, 1.0)["fc1.weight"] - unscaled["fc1.weight"]).max() > 1e-3

@@ -97,7 +97,7 @@ MANIFEST_FILE = "manifest.json"
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
 Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape",
-               "prediction", "grad_norm", "touched"]
+               "prediction", "grad_norm", "touched", "weight"]  # "weight": ``passes/training/accumulate.WEIGHT``
 
 
 class TensorEntry(BaseModel):

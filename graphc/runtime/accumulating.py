@@ -40,6 +40,7 @@ import numpy as np
 
 from graphc.errors import ArtifactsError, InputError
 from graphc.model.dtypes import to_onnx
+from graphc.passes.training.accumulate import WEIGHT
 from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime import averaging, metrics as metrics_lib
 from graphc.runtime.rows import batch_dim, by_rows
@@ -155,6 +156,7 @@ class AccumulatingTrainer(Trainer):
         entries = m.graphs["gradients"]
         self._grad_names = [e.name for e in entries.outputs if e.role == "grad"]
         self._grad_inputs = {v.name for v in grads.graph.input}
+        self._seeded = WEIGHT in self._grad_inputs  # a model with Functions: the backward seeded with the share
         self._stats = [e.name for e in entries.outputs if e.role == "state"]  # "<stat>.next"
         self._touched = [e.name for e in entries.outputs if e.role == "touched"]
         self._update_inputs = {v.name for v in update.graph.input}
@@ -206,6 +208,9 @@ class AccumulatingTrainer(Trainer):
                 if self.noise_specs:
                     f.update(self._noise_feeds(batch, f))
                 f.update({n: h for n, h in state.items() if n in self._grad_inputs})
+                share = weight / total
+                if self._seeded:  # the gradients come weighted (``accumulate.seed_weight``): add them as they are
+                    f[WEIGHT] = np.asarray(share, np.float64)
                 fetch = ["loss", *self._touched, *([self._prediction] if wanted else [])]
                 host, device = self._grads.run_bound(f, fetch, [*self._grad_names, *self._stats],
                                                      into=self._grad_buffers)
@@ -214,9 +219,8 @@ class AccumulatingTrainer(Trainer):
                     state[out[: -len(".next")]] = device[out]
                 for name in self._touched:  # stepped where any micro-batch read it
                     touched[name] = np.logical_or(touched.get(name, False), host[name])
-                share = weight / total
                 loss += float(host["loss"]) * share
-                sums = self._add(index, device, share)
+                sums = self._add(index, device, 1.0 if self._seeded else share)
                 if wanted:
                     self._add_metrics(host, batch, examples)
             self._update({**self._narrowed_sums(sums), **touched})

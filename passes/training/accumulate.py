@@ -8,7 +8,13 @@ and an inf left from an earlier step never becomes 0 * inf). A float16 or bfloat
 summed in float32, as data-parallel training's ``weighted_sum`` adds the workers' (a float16 sum
 of k scaled parts overflows or rounds where the one-batch gradient does not);
 ``narrow_graph`` casts those sums back to the gradients' dtype once per step, for the update.
-The sums stay on the backend's device."""
+The sums stay on the backend's device.
+
+A model with ``gc.autograd.Function``s (backward hooks are Functions too) seeds its backward with ``seed_weight``:
+its training graphs take ``WEIGHT`` (float64, default 1), and differentiate ``loss * WEIGHT``. The accumulating
+trainer feeds each micro-batch's share there and adds the gradients with share 1, so a Function's backward, and
+so a hook, sees the weighted gradient, as torch's ``(loss * rows / step_rows).backward()``: a hook not linear in
+its gradient (a clamp) steps as torch's. A model without Functions keeps its graphs as they were."""
 
 from __future__ import annotations
 
@@ -16,12 +22,17 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
+
+from graphc.passes.emit import Emitter
+from graphc.passes.training.graph_outputs import input_with_default
 
 SUM_SUFFIX = ".sum"  # the running sum an input
 ACC_SUFFIX = ".acc"  # the sum with this micro-batch added, an output
 SHARE = "share"
 FIRST = "first"
+WEIGHT = "accumulate.weight"  # the training graphs' seed weight input (``seed_weight``)
 _HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 Grads = Sequence[tuple[str, int, Sequence]]  # (name, ONNX element type, shape) of each gradient
@@ -35,6 +46,13 @@ def sum_type(elem: int) -> int:
 def sum_zeros(elem: int, shape: Sequence[int]) -> np.ndarray:
     """Zeros of a sum of gradients of type ``elem`` and ``shape``."""
     return np.zeros(tuple(shape), helper.tensor_dtype_to_np_dtype(sum_type(elem)))
+
+
+def seed_weight(b: Emitter, loss: ir.Value) -> ir.Value:
+    """The input ``WEIGHT`` (a float64 scalar, default 1) added to ``b``'s graph, in ``loss``'s dtype: the
+    backward's seed factor."""
+    weight = input_with_default(b.graph, WEIGHT, np.array(1.0))
+    return weight if loss.dtype == weight.dtype else b.op("Cast", weight, to=loss.dtype, dtype=loss.dtype)
 
 
 def accumulate_graph(grads: Grads, opset: int) -> onnx.ModelProto:

@@ -44,14 +44,15 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
-from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
+from graphc.passes.training import accumulate, broadcasts, buffer_updates, clipping, dense_conv, flat, imports
+from graphc.passes.training import loss_scaling, modes
 from graphc.passes.training import buffer_mutations, guarded_params, optimizers, param_selection, sync_batchnorm, taps_params
 from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
 from graphc.passes.training import export_records, recompute as recomputation, torch_gradients
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
-from graphc.passes.values import drop_autograd_functions, exchange_kind, onnx_opset
+from graphc.passes.values import drop_autograd_functions, exchange_kind, holds_autograd_functions, onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -167,7 +168,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
                      **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
                      **{n: "hyper" for n in scheduled_inputs(optimizer)},
-                     **{n: "noise" for n in noise}}
+                     **{n: "noise" for n in noise}, accumulate.WEIGHT: "weight"}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
@@ -253,6 +254,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     if any(exchange_kind(node) for node in step.graph):  # a data-parallel worker seeds 0 a shard that counts nothing
         seed = sync_batchnorm.loss_seed(step.graph, loss_value)
         seed_scale = seed if seed_scale is None else Emitter(step.graph, opset, "sync_bn").op("Mul", seed_scale, seed)
+    if holds_autograd_functions(step):  # a hook sees the micro-batch's weighted gradient (``accumulate.seed_weight``)
+        b = Emitter(step.graph, opset, "accumulate")
+        weight = accumulate.seed_weight(b, loss_value)
+        seed_scale = weight if seed_scale is None else b.op("Mul", seed_scale, weight)
     found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],
                      device, nchwc, seed_scale, step.functions)
     grads = {p: found[p] for p in params}
