@@ -8,7 +8,9 @@ its gradients go into running sums on the backend's device by a small ``accumula
 the step's total (``averaging.shard_weight``: its rows for a mean loss, its counted labels for a
 cross-entropy with ``ignore_index`` or class weights), so the sum is the gradient of the mean
 over all the step's rows and a partial last micro-batch weighs by its rows, as one batch of them
-all would; a summed loss's gradients just add up. Then the optimizer ``update`` graph
+all would; a summed loss's gradients just add up. A model with hooks or ``gc.autograd.Function``s takes its share
+as its backward's seed instead (``accumulate.WEIGHT``), and its gradients are added as they come: its hooks see the
+weighted gradient, as torch's in its ``(loss * rows / step_rows).backward()`` loop. Then the optimizer ``update`` graph
 (``compile.training.update_model``, the same optimizer emission as train_step's, data-parallel
 training's) steps params and state once from the sums: clipping (``max_grad_norm``) sees the
 accumulated gradient, loss scaling checks and unscales it, and ``step``, the lr scheduler and
