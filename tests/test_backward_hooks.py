@@ -8,6 +8,11 @@ import pytest
 
 import graphc as gc
 
+try:
+    from torch_grad_util import assert_classifier_steps_match_torch
+except ImportError:  # tests/ collected as a package
+    from tests.torch_grad_util import assert_classifier_steps_match_torch
+
 torch = pytest.importorskip("torch")
 
 RNG = np.random.default_rng(0)
@@ -121,14 +126,7 @@ def test_parameter_hooks_steer_adamw_steps_as_torchs(backend):
     twin.load_state_dict({k: torch.tensor(v) for k, v in model.params.items()})
     opt = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.1)
     trainer = gc.Trainer(artifacts, backend=backend)
-    for _ in range(3):
-        x, y = RNG.normal(size=(6, 3)), RNG.integers(0, 2, size=6)
-        got = trainer.step({"x": x, "y": y})
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(twin(torch.tensor(x)), torch.tensor(y))
-        loss.backward()
-        opt.step()
-        np.testing.assert_allclose(got, loss.item(), rtol=1e-10)
+    assert_classifier_steps_match_torch(trainer, twin, opt, RNG)
     for name, want in twin.state_dict().items():
         np.testing.assert_allclose(trainer.params[name], want.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
     pruned = MASK == 0  # no gradient: AdamW's decoupled decay alone moves them, as torch's

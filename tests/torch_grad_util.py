@@ -227,6 +227,21 @@ def assert_step_matches_torch(trainer: gc.Trainer, batch: dict, opt, torch_loss,
     return state
 
 
+def assert_classifier_steps_match_torch(trainer: gc.Trainer, twin, opt, rng: np.random.Generator) -> None:
+    """Three ``trainer.step`` calls on a batch of 6 rows (``x`` of 3 features from ``rng``, labels
+    0 or 1) against torch's ``opt`` stepping ``twin`` on its cross-entropy: the losses to 1e-10."""
+    import torch
+
+    for _ in range(3):
+        x, y = rng.normal(size=(6, 3)), rng.integers(0, 2, size=6)
+        got = trainer.step({"x": x, "y": y})
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(torch.tensor(x)), torch.tensor(y))
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-10)
+
+
 def named_outputs(result) -> dict:
     """A function's result as named outputs: ``out0``, ``out1``, ... for a tuple (nested tuples
     flattened in order), else ``output``."""
