@@ -88,18 +88,23 @@ def infer(sock: socket.socket) -> bytes:
     return read_reply(sock)
 
 
+def assert_new_client_served(port: int) -> None:
+    """A new client's inference is answered, right, within 1 s."""
+    start = time.monotonic()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}/v2", timeout=10) as client:
+        reply = client.post("/models/fixed/infer", json=json.loads(BODY))
+    served = time.monotonic() - start
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == [0.0, 2.0, 0.0, 4.0, 0.0, 6.0]
+    assert served < 1.0, f"the new client waited {served:.1f} s"
+
+
 def test_idle_connections_past_the_descriptor_limit_do_not_keep_a_new_client_out(model_file):
     with serve_process(model_file, "--backend", "numpy", descriptors=LIMIT) as (proc, port):
         arriving = connect(port)  # a request half sent: never closed for room
         arriving.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY[:10]))
         idle = idle_connections(port, IDLE)
-        start = time.monotonic()
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v2", timeout=10) as client:
-            reply = client.post("/models/fixed/infer", json=json.loads(BODY))
-        served = time.monotonic() - start
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["outputs"][0]["data"] == [0.0, 2.0, 0.0, 4.0, 0.0, 6.0]
-        assert served < 1.0, f"the new client waited {served:.1f} s"
+        assert_new_client_served(port)
 
         keeper = connect(port)  # the most recently active: the idle ones opened after it close others
         assert infer(keeper).startswith(b"HTTP/1.1 200")
@@ -138,13 +143,7 @@ def test_clients_sending_their_headers_slowly_are_closed_for_a_new_client(model_
         try:
             time.sleep(HEAD_TIMEOUT + 0.2)  # the heads held are late now
             peak = descriptors(proc.pid)
-            start = time.monotonic()
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}/v2", timeout=10) as client:
-                reply = client.post("/models/fixed/infer", json=json.loads(BODY))
-            served = time.monotonic() - start
-            assert reply.status_code == 200, reply.text
-            assert reply.json()["outputs"][0]["data"] == [0.0, 2.0, 0.0, 4.0, 0.0, 6.0]
-            assert served < 1.0, f"the new client waited {served:.1f} s"
+            assert_new_client_served(port)
             assert max(peak, descriptors(proc.pid)) < LIMIT - 8, "the server ran up to its descriptor limit"
         finally:
             done.set()
