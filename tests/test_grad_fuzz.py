@@ -1,0 +1,393 @@
+"""Gradient fuzzing: random small DSL programs whose params and values are read by several ops,
+differentiated by ``gc.grad`` (numpy and ort-cpu) and by a training step (SGD with lr=1, so each
+param moves by minus its gradient), against the same program in torch float64 and
+``torch.autograd``.
+
+A program grows a pool of values: the input ``x``, params and op results. Each op draws its
+operands from the pool, so a value feeds several consumers, and a param it needs is a new one or
+one already in the program of the same shape (a weight read by 2-3 matmuls or convs, a scale
+shared by BatchNorms, a bias also used as a broadcast term). The program runs eagerly in torch as
+it is drawn: torch gives the shapes, and an op whose values leave [-CAP, CAP], land within 1e-6 of
+a kink (relu, abs, hardswish, a max's tie) or feed BatchNorm a near-constant channel is dropped, so
+float64 stays well-conditioned. The loss is ``sum(v * c)`` or ``mean(v * c)`` over each value no
+op reads, with fixed random ``c``. About 40 examples per run; ``GRAPHC_GRAD_FUZZ=N`` runs N.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphc as gc
+import graphc.nn.functional as F
+from torch_grad_util import TorchNS
+
+torch = pytest.importorskip("torch")
+
+EXAMPLES = int(os.environ.get("GRAPHC_GRAD_FUZZ", "0"))
+FUZZ = {"deadline": None, "derandomize": True, "database": None,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+CAP, MAX_NUMEL, KINK_GAP = 30.0, 600, 1e-6
+RTOL = 1e-8  # float64 on both sides: summation order alone (~1e-15); a wrong rule is off by far more
+TORCH = TorchNS(torch)
+SQRT_HALF = math.sqrt(0.5)
+
+
+@dataclass
+class Program:
+    """The pool's entries in order: ``("x",)``, ``("param", k)`` or ``("op", fn, ids)`` with
+    ``fn(M, *operands)``; ``values`` holds each entry's torch value."""
+
+    x: np.ndarray
+    params: list[np.ndarray] = field(default_factory=list)
+    entries: list[tuple] = field(default_factory=list)
+    values: list = field(default_factory=list)
+    read: set[int] = field(default_factory=set)
+    weights: dict[int, tuple[np.ndarray, str]] = field(default_factory=dict)
+
+    def run(self, M, params: list, x) -> object:
+        """The loss of the program on namespace ``M`` (torch or ``gc.nn.functional``)."""
+        values = []
+        for entry in self.entries:
+            if entry[0] == "x":
+                values.append(x)
+            elif entry[0] == "param":
+                values.append(params[entry[1]])
+            else:
+                values.append(entry[1](M, *(values[i] for i in entry[2])))
+        const = torch.from_numpy if M is TORCH else np.asarray
+        terms = [getattr(M, how)(values[i] * const(c)) for i, (c, how) in self.weights.items()]
+        return sum(terms[1:], terms[0])
+
+
+class Builder:
+    """Draws a Program, running it in torch (params requiring grad) as it grows."""
+
+    def __init__(self, draw, x: np.ndarray):
+        self.draw, self.prog = draw, Program(x)
+        self.torch_params: list = []
+        self._append(("x",), torch.from_numpy(x))
+
+    def _append(self, entry: tuple, value) -> int:
+        self.prog.entries.append(entry)
+        self.prog.values.append(value)
+        return len(self.prog.entries) - 1
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return tuple(self.prog.values[i].shape)
+
+    def pick(self, ok: Callable[[tuple[int, ...]], bool] = lambda s: True) -> int | None:
+        """A pool entry whose shape passes ``ok`` (None when there is none)."""
+        candidates = [i for i in range(len(self.prog.entries)) if ok(self.shape(i))]
+        return self.draw(st.sampled_from(candidates)) if candidates else None
+
+    def param(self, shape: tuple, fan_in: int = 1, step: int = 1) -> int:
+        """A param of ``shape``, whose None dims are any multiple of ``step``: usually one already in the
+        program when there is one, else a new one drawn with scale 1/sqrt(fan_in)."""
+        fits = lambda s: len(s) == len(shape) and all(d == w if w else d % step == 0 for d, w in zip(s, shape))  # noqa: E731
+        same = [i for i, e in enumerate(self.prog.entries) if e[0] == "param" and fits(self.shape(i))]
+        if same and self.draw(st.integers(0, 3)):
+            return self.draw(st.sampled_from(same))
+        shape = tuple(w or step * self.draw(st.integers(1, 4 // step or 1)) for w in shape)
+        seed = self.draw(st.integers(0, 2**16))
+        value = np.random.default_rng(seed).standard_normal(shape) / math.sqrt(fan_in)
+        self.prog.params.append(value)
+        self.torch_params.append(torch.tensor(value, requires_grad=True))
+        return self._append(("param", len(self.prog.params) - 1), self.torch_params[-1])
+
+    def add(self, label: str, fn: Callable, *ids: int, kinks: tuple[float, ...] = (), distinct: bool = False,
+            batch_stats: bool = False) -> None:
+        """Appends ``fn(M, *pool[ids])`` unless it is out of range (then the op and any param it made are
+        dropped): an operand of a kinked op near a kink, a max's operands near a tie (``distinct``),
+        BatchNorm over a near-constant channel (``batch_stats``)."""
+        mark = (len(self.prog.entries), len(self.prog.params))
+        operands = [self.prog.values[i].detach() for i in ids]
+        out = fn(TORCH, *(self.prog.values[i] for i in ids))
+        well = (out.numel() <= MAX_NUMEL and bool(torch.isfinite(out).all()) and out.abs().max() <= CAP
+                and all((operands[0] - k).abs().min() > KINK_GAP for k in kinks)
+                and not (distinct and _near_tie(operands))
+                and not (batch_stats and _flat_channel(operands[0])))
+        if not well:
+            del self.prog.entries[mark[0]:], self.prog.values[mark[0]:], self.prog.params[mark[1]:]
+            del self.torch_params[mark[1]:]
+            return
+        self.prog.read.update(ids)
+        self._append(("op", fn, ids, label), out)
+
+
+def _near_tie(operands: list) -> bool:
+    if len(operands) == 2:
+        a, b = torch.broadcast_tensors(*operands)
+        return bool(((a - b).abs() <= KINK_GAP).any())
+    planes = operands[0].flatten(-2).sort(-1).values  # max pool: distinct values in each plane
+    return bool((planes.diff(dim=-1) <= KINK_GAP).any())
+
+
+def _flat_channel(a) -> bool:
+    dims = [d for d in range(a.dim()) if d != 1]
+    return bool((a.var(dim=dims) < 0.05).any())
+
+
+# --- ops: each draws operands and options, then Builder.add ------------------------------------
+
+UNARY = {
+    "neg": (lambda M, a: -a, ()),
+    "square": (lambda M, a: a * a, ()),
+    "tanh": (lambda M, a: M.tanh(a), ()),
+    "sigmoid": (lambda M, a: M.sigmoid(a), ()),
+    "exp_tanh": (lambda M, a: M.exp(M.tanh(a)), ()),
+    "log1p_sq": (lambda M, a: M.log(1 + a * a), ()),
+    "sqrt1p_sq": (lambda M, a: M.sqrt(1 + a * a), ()),
+    "relu": (lambda M, a: M.relu(a), (0.0,)),
+    "abs": (lambda M, a: M.abs(a), (0.0,)),
+    "gelu": (lambda M, a: M.gelu(a), ()),
+    "gelu_tanh": (lambda M, a: M.gelu(a, approximate="tanh"), ()),
+    "silu": (lambda M, a: M.silu(a), ()),
+    "hardswish": (lambda M, a: M.hardswish(a), (-3.0, 3.0)),
+    "silu_written": (lambda M, a: a * M.sigmoid(a), ()),
+    "gelu_written": (lambda M, a: 0.5 * a * (1 + M.erf(a * SQRT_HALF)), ()),
+}
+BINARY = {
+    "add": lambda M, a, b: a + b,
+    "sub": lambda M, a, b: a - b,
+    "mul": lambda M, a, b: a * b,
+    "div": lambda M, a, b: a / (1 + b * b),
+    "maximum": lambda M, a, b: M.maximum(a, b),
+}
+
+
+def unary(b: Builder) -> None:
+    name = b.draw(st.sampled_from(sorted(UNARY)))
+    fn, kinks = UNARY[name]
+    b.add(name, fn, b.pick(), kinks=kinks)
+
+
+def _broadcast_shape(b: Builder, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` less some leading dims, some others set to 1."""
+    cut = b.draw(st.integers(0, len(shape)))
+    return tuple(1 if b.draw(st.booleans()) else d for d in shape[cut:])
+
+
+def _broadcasts(s: tuple[int, ...], t: tuple[int, ...]) -> bool:
+    return all(p == q or 1 in (p, q) for p, q in zip(s[::-1], t[::-1]))
+
+
+def binary(b: Builder) -> None:
+    name = b.draw(st.sampled_from(sorted(BINARY)))
+    i = b.pick()
+    if b.draw(st.booleans()):
+        j = b.pick(lambda s: _broadcasts(s, b.shape(i)))
+    else:
+        j = b.param(_broadcast_shape(b, b.shape(i)))
+    if b.draw(st.booleans()):
+        i, j = j, i
+    b.add(name, BINARY[name], i, j, distinct=name == "maximum")
+
+
+def where(b: Builder) -> None:
+    i = b.pick()
+    j = b.pick(lambda s: _broadcasts(s, b.shape(i)))
+    k = b.pick(lambda s: _broadcasts(s, b.shape(i)) and _broadcasts(s, b.shape(j)))
+    b.add("where", lambda M, c, x, y: M.where(c > 0, x, y), k, i, j)
+
+
+def reduce(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 1)
+    rank = len(b.shape(i))
+    dims = tuple(sorted(b.draw(st.sets(st.integers(0, rank - 1), min_size=1))))
+    keep, how = b.draw(st.booleans()), b.draw(st.sampled_from(["sum", "mean"]))
+    b.add(f"{how} dim={dims} keepdim={keep}", lambda M, a: getattr(M, how)(a, dim=dims, keepdim=keep), i)
+
+
+def matmul(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 2)
+    if i is None:
+        return
+    k, kind = b.shape(i)[-1], b.draw(st.sampled_from(["weight", "linear", "self"]))
+    if kind == "self":  # a @ a^T: one value read twice by the MatMul
+        b.add("a @ a.mT", lambda M, a: M.matmul(a, M.transpose(a, -1, -2)), i)
+        return
+    if kind == "weight":
+        b.add("matmul", lambda M, a, w: M.matmul(a, w), i, b.param((k, None), k))
+        return
+    w = b.param((None, k), k)
+    if b.draw(st.booleans()):
+        b.add("linear", lambda M, a, w, bias: M.linear(a, w, bias), i, w, b.param((b.shape(w)[0],)))
+    else:
+        b.add("linear", lambda M, a, w: M.linear(a, w), i, w)
+
+
+def _spatial(s: tuple[int, ...]) -> bool:
+    return len(s) == 4 and min(s[2:]) >= 2
+
+
+def conv(b: Builder) -> None:
+    i = b.pick(_spatial)
+    if i is None:
+        return
+    c = b.shape(i)[1]
+    groups = b.draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
+    stride, pad = b.draw(st.integers(1, 2)), b.draw(st.integers(0, 1))
+    k = b.draw(st.integers(1, min(3, *(d + 2 * pad for d in b.shape(i)[2:]))))
+    w = b.param((None, c // groups, k, k), c // groups * k * k, step=groups)
+    options = {"stride": stride, "padding": pad, "groups": groups}
+    if b.draw(st.booleans()):
+        b.add(f"conv2d {options}", lambda M, a, w, bias: M.conv2d(a, w, bias, **options), i, w, b.param(b.shape(w)[:1]))
+    else:
+        b.add(f"conv2d {options}", lambda M, a, w: M.conv2d(a, w, **options), i, w)
+
+
+def batch_norm(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) in (2, 4) and s[0] >= 2)
+    if i is None:
+        return
+    c = b.shape(i)[1]
+    w, bias = b.param((c,)), b.param((c,))
+    b.add("batch_norm", lambda M, a, w, bias: M.batch_norm(a, None, None, w, bias, training=True), i, w, bias,
+          batch_stats=True)
+
+
+def softmax(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 1)
+    dim = b.draw(st.integers(-len(b.shape(i)), len(b.shape(i)) - 1))
+    how = b.draw(st.sampled_from(["softmax", "log_softmax"]))
+    b.add(f"{how} dim={dim}", lambda M, a: getattr(M, how)(a, dim=dim), i)
+
+
+def concat(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 1)
+    s = b.shape(i)
+    axis = b.draw(st.integers(0, len(s) - 1))
+    fits = lambda t: len(t) == len(s) and all(p == q for d, (p, q) in enumerate(zip(s, t)) if d != axis)  # noqa: E731
+    ids = [i] + [b.pick(fits) for _ in range(b.draw(st.integers(1, 2)))]
+    b.add(f"cat dim={axis}", lambda M, *xs: M.cat(list(xs), dim=axis), *ids)
+
+
+def _axis_slice(axis: int, part: slice) -> tuple:
+    return (slice(None),) * axis + (part,)
+
+
+def slicing(b: Builder) -> None:
+    i = b.pick(lambda s: any(d >= 2 for d in s))
+    if i is None:
+        return
+    s = b.shape(i)
+    axis = b.draw(st.sampled_from([d for d, n in enumerate(s) if n >= 2]))
+    n = s[axis]
+    cut = b.draw(st.integers(1, n - 1))
+    if b.draw(st.booleans()):  # a rotation written as Concat of two slices
+        b.add(f"rotate dim={axis} by {cut}", lambda M, a: M.cat([a[_axis_slice(axis, slice(cut, None))], a[_axis_slice(axis, slice(None, cut))]],
+                                 dim=axis), i)
+        return
+    start, step = b.draw(st.integers(0, cut - 1)), b.draw(st.integers(1, 2))
+    part = slice(start, cut + 1, step)
+    b.add(f"slice dim={axis} {part}", lambda M, a: a[_axis_slice(axis, part)], i)
+
+
+def transpose(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 2)
+    if i is None:
+        return
+    rank = len(b.shape(i))
+    d0, d1 = b.draw(st.lists(st.integers(0, rank - 1), min_size=2, max_size=2, unique=True))
+    b.add(f"transpose {d0} {d1}", lambda M, a: M.transpose(a, d0, d1), i)
+
+
+def reshape(b: Builder) -> None:
+    i = b.pick(lambda s: len(s) >= 1)
+    s = list(b.shape(i))
+    d = b.draw(st.integers(0, len(s) - 1))
+    if d + 1 < len(s) and b.draw(st.booleans()):
+        new = s[:d] + [s[d] * s[d + 1]] + s[d + 2:]
+    else:
+        f = b.draw(st.sampled_from([f for f in range(1, s[d] + 1) if s[d] % f == 0]))
+        new = s[:d] + [f, s[d] // f] + s[d + 1:]
+    b.add(f"reshape {new}", lambda M, a: M.reshape(a, tuple(new)), i)
+
+
+def pool(b: Builder) -> None:
+    i = b.pick(_spatial)
+    if i is None:
+        return
+    k = b.draw(st.integers(2, min(3, *b.shape(i)[2:])))
+    options = {"stride": b.draw(st.integers(1, 2)), "padding": b.draw(st.integers(0, k // 2)),
+               "ceil_mode": b.draw(st.booleans())}
+    if b.draw(st.booleans()):
+        b.add(f"max_pool2d {k} {options}", lambda M, a: M.max_pool2d(a, k, **options), i, distinct=True)
+    else:
+        include = b.draw(st.booleans())
+        b.add(f"avg_pool2d {k} {options} count_include_pad={include}",
+              lambda M, a: M.avg_pool2d(a, k, count_include_pad=include, **options), i)
+
+
+OPS = [unary, unary, binary, binary, binary, where, reduce, reduce, matmul, matmul, conv, conv, batch_norm, softmax,
+       concat, slicing, transpose, reshape, pool]
+
+
+@st.composite
+def programs(draw) -> Builder:
+    shape = draw(st.sampled_from([(3, 4), (2, 3, 4), (2, 3, 4, 4), (3, 2, 3, 5), (2, 4, 2, 3)]))
+    x = np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(shape)
+    b = Builder(draw, x)
+    for _ in range(draw(st.integers(3, 10))):
+        draw(st.sampled_from(OPS))(b)
+    if not b.prog.params:  # every program has a param to differentiate
+        b.add("mul", BINARY["mul"], 0, b.param(_broadcast_shape(b, x.shape)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    for i in range(1, len(b.prog.entries)):
+        if i not in b.prog.read:
+            b.prog.weights[i] = (rng.standard_normal(b.shape(i)), draw(st.sampled_from(["sum", "mean"])))
+    return b
+
+
+class _Net(gc.nn.Module):
+    def __init__(self, prog: Program):
+        super().__init__()
+        self.prog, self.count = prog, len(prog.params)
+        for k, value in enumerate(prog.params):
+            setattr(self, f"p{k}", gc.nn.Parameter(value, dtype="float64"))
+
+    def forward(self, x):
+        return {"loss": self.prog.run(F, [getattr(self, f"p{k}") for k in range(self.count)], x)}
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str, prog: Program) -> None:
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale, err_msg=f"{what}\n{_describe(prog)}")
+
+
+def _describe(prog: Program) -> str:
+    """The program, one pool entry a line, for a failure's message."""
+    lines = []
+    for i, entry in enumerate(prog.entries):
+        what = {"x": "x", "param": f"p{entry[-1]}"}.get(entry[0]) or f"{entry[3]}({', '.join(f'v{j}' for j in entry[2])})"
+        lines.append(f"v{i} = {what} -> {tuple(prog.values[i].shape)}")
+    return "\n".join(lines + ["loss = " + " + ".join(f"{how}(v{i} * c{i})" for i, (_, how) in prog.weights.items())])
+
+
+@settings(max_examples=EXAMPLES or 40, **FUZZ)
+@given(builder=programs(), trainer_backend=st.sampled_from(["numpy", "ort-cpu"]))
+def test_grad_and_training_step_of_random_programs_match_torch_autograd(builder, trainer_backend):
+    prog = builder.prog
+    loss = prog.run(TORCH, builder.torch_params, torch.from_numpy(prog.x))
+    want = [g.numpy() if g is not None else np.zeros_like(p) for g, p in
+            zip(torch.autograd.grad(loss, builder.torch_params, allow_unused=True), prog.params)]
+    model = gc.capture(_Net(prog), x=gc.spec("float64", prog.x.shape))
+    grads = gc.grad(model, "loss")
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(grads, backend=backend).run({"x": prog.x})
+        _close(out["loss"], loss.item(), f"{backend} loss", prog)
+        for k, w in enumerate(want):
+            _close(out[f"p{k}_grad"], w, f"{backend} d loss / d p{k}", prog)
+    trainer = gc.Trainer(gc.training.generate(model, "loss", gc.optim.SGD(lr=1.0)), backend=trainer_backend)
+    _close(trainer.step({"x": prog.x}), loss.item(), f"{trainer_backend} train_step loss", prog)
+    state = trainer.state_dict()
+    for k, w in enumerate(want):
+        _close(prog.params[k] - state[f"p{k}"], w, f"{trainer_backend} train_step p{k} delta", prog)
