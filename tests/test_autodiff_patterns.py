@@ -462,3 +462,31 @@ def test_a_sums_gradient_handed_to_two_products_of_one_param(loss, batch):
     ref = {"sum": 1.0, "mean": 1 / x.size, "scaled": 2.0, "swapped": 1.0}[loss] * (2 * x + 1)
     np.testing.assert_allclose(got, ref.reshape(-1, 3).sum(axis=0), rtol=1e-12)
     np.testing.assert_allclose(run_ort(proto, {"x": x})["a_grad"], got, rtol=1e-12)
+
+
+@pytest.mark.parametrize("other", ["matmul", "square"])
+def test_a_sums_gradient_that_is_one_params_whole_gradient_and_part_of_anothers(other):
+    """loss = f(w) + (w + v).sum(): the Add hands the sum's broadcast gradient to w and v; w's two
+    terms are added reading it unexpanded, and v's gradient is that Expand itself, read only once the
+    walk has returned it (it was removed at the walk's end: 'p_grad/Identity' read a value no node
+    made). Found by tests/test_grad_fuzz.py."""
+    x = RNG.standard_normal((3, 4))
+
+    class Shared(graphc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = graphc.nn.Parameter(graphc.tensor(RNG.standard_normal((4, 2))))
+            self.v = graphc.nn.Parameter(graphc.tensor(RNG.standard_normal((4, 2))))
+
+        def forward(self, x):
+            first = (x @ self.w).mean() if other == "matmul" else (self.w * self.w).sum()
+            return first + (self.w + self.v).sum()
+
+    model = graphc.capture(Shared(), x=x)
+    w = model.params["w"]
+    proto = graphc.grad(model, "output").proto
+    first = np.repeat(x.sum(axis=0)[:, None] / 6, 2, axis=1) if other == "matmul" else 2 * w
+    for run in (run_numpy, run_ort):
+        got = run(proto, {"x": x})
+        np.testing.assert_allclose(got["w_grad"], first + 1, rtol=1e-12, err_msg=run.__name__)
+        np.testing.assert_allclose(got["v_grad"], np.ones((4, 2)), rtol=1e-12, err_msg=run.__name__)

@@ -8,7 +8,7 @@ and gives the driver ``sum_to``, which undoes broadcasting statically or with ``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -347,12 +347,15 @@ class GradBuilder(Emitter):
                 self.unread_expands.append(expand)
         return out
 
-    def drop_unread_expands(self) -> None:
-        """Remove the Expands ``_unexpanded`` read around that nothing came to read. Not at once: a
-        rule may hand one gradient to several inputs (an Add's ``dy`` to both ``a*x`` and ``a*y``),
-        so the Expand can still have a reader to come when the first reads around it."""
+    def drop_unread_expands(self, results: Collection[ir.Value] = ()) -> None:
+        """Remove the Expands ``_unexpanded`` read around that nothing came to read and that are not
+        among ``results`` (the walk's gradients, read by its caller next). Not at once: a rule may hand
+        one gradient to several inputs (an Add's ``dy`` to both ``a*x`` and ``a*y``, or to a param
+        that is also read elsewhere and to one that is not), so the Expand can still have a reader to
+        come when the first reads around it."""
         for expand in self.unread_expands:
-            if expand.graph is not None and not any(o.uses() or o.is_graph_output() for o in expand.outputs):
+            if expand.graph is not None and not any(o.uses() or o.is_graph_output() or o in results
+                                                    for o in expand.outputs):
                 expand.graph.remove(expand, safe=True)
         self.unread_expands.clear()
 

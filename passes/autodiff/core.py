@@ -300,7 +300,7 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         dw = take(w)
         if dw is not None:
             out[w] = dw
-    g.drop_unread_expands()
+    g.drop_unread_expands(set(out.values()))
     return out
 
 
