@@ -43,8 +43,9 @@ SQRT_HALF = math.sqrt(0.5)
 
 @dataclass
 class Program:
-    """The pool's entries in order: ``("x",)``, ``("param", k)`` or ``("op", fn, ids)`` with
-    ``fn(M, *operands)``; ``values`` holds each entry's torch value."""
+    """The pool's entries in order: ``("x",)``, ``("param", k)`` or ``("op", fn, ids, label)`` with
+    ``fn(M, *operands)``; ``values`` holds each entry's torch value, ``read`` the entries an op reads,
+    ``weights`` each loss term's ``c`` (None: unweighted) and reduction."""
 
     x: np.ndarray
     params: list[np.ndarray] = field(default_factory=list)
@@ -111,10 +112,10 @@ class Builder:
 
     def add(self, label: str, fn: Callable, *ids: int, kinks: tuple[float, ...] = (), distinct: bool = False,
             batch_stats: bool = False) -> int | None:
-        """Appends ``fn(M, *pool[ids])`` unless it is out of range (then the op and any param it made are
-        dropped): an operand of a kinked op near a kink, a max's operands near a tie (``distinct``),
-        BatchNorm over a near-constant channel (``batch_stats``)."""
-        mark = (len(self.prog.entries), len(self.prog.params))
+        """Appends ``fn(M, *pool[ids])`` and returns its pool index, unless it is out of range (None: the
+        op is dropped; a param drawn for it stays, a loss term of its own): values past CAP, an operand
+        of a kinked op near a kink, a max's operands near a tie (``distinct``), BatchNorm over a
+        near-constant channel (``batch_stats``)."""
         operands = [self.prog.values[i].detach() for i in ids]
         out = fn(TORCH, *(self.prog.values[i] for i in ids))
         well = (out.numel() <= MAX_NUMEL and bool(torch.isfinite(out).all()) and out.abs().max() <= CAP
@@ -122,8 +123,6 @@ class Builder:
                 and not (distinct and _near_tie(operands))
                 and not (batch_stats and _flat_channel(operands[0])))
         if not well:
-            del self.prog.entries[mark[0]:], self.prog.values[mark[0]:], self.prog.params[mark[1]:]
-            del self.torch_params[mark[1]:]
             return None
         self.prog.read.update(ids)
         return self._append(("op", fn, ids, label), out)
