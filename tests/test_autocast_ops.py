@@ -5,6 +5,9 @@ table's CPU column is what torch does; the casts are cached and float64 is left 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -171,6 +174,7 @@ CASES.update({
     "triangular_solve": (lambda M, a, d, b: M.triangular_solve(M.matmul(b, d[:2, :2]), M.tril(_spd(M, a, d)),
                                                                upper=False).solution, [*_SPD, _n(4, 2)]),
     "linalg_vecdot": (lambda M, a, b: M.linalg.vecdot(a, b), [_n(3, 5), _n(3, 5)]),
+    "tensordot": (lambda M, a, b: M.tensordot(a, b, dims=1), [_n(4, 4), _n(4, 2)]),  # torch's CPU kernel: mm
 })
 
 
@@ -342,3 +346,106 @@ def test_fourier_transforms_are_not_lowered(device):
             got = gc.Session(model, backend=backend).run({"x": x})["output"]
             assert got.dtype == np.float32, (op, backend)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{op} {backend}")
+
+
+def _bilinear(M, a, c, w, *bias):
+    return _f(M).bilinear(a, c, w, *bias)
+
+
+# torch's CPU einsum: a pair summing a shared index of size > 1 is a bmm (lowered), another a mul (promoted)
+UNLISTED = {
+    "ij,jk->ik": (lambda M, a, b: M.einsum("ij,jk->ik", a, b), [_n(4, 4), _n(4, 2)]),
+    "...ij,...jk": (lambda M, a, b: M.einsum("...ij,...jk", a, b), [_n(3, 4, 4), _n(4, 2)]),
+    "i,i->": (lambda M, a, b: M.einsum("i,i->", a, b), [_n(4), _n(4)]),
+    "ij,jk,kl->il": (lambda M, a, b, c: M.einsum("ij,jk,kl->il", a, b, c), [_n(4, 4), _n(4, 3), _n(3, 2)]),
+    "ij,jk,l->ikl": (lambda M, a, b, c: M.einsum("ij,jk,l->ikl", a, b, c), [_n(4, 4), _n(4, 3), _n(2)]),
+    "ij,ij->ij": (lambda M, a, b: M.einsum("ij,ij->ij", a, b), [_n(4, 4), _n(4, 4)]),
+    "i,j->ij": (lambda M, a, b: M.einsum("i,j->ij", a, b), [_n(4), _n(3)]),
+    "ij->j": (lambda M, a: M.einsum("ij->j", a), [_n(4, 4)]),
+    "ij,jk->ik size 1": (lambda M, a, b: M.einsum("ij,jk->ik", a, b), [_n(4, 1), _n(1, 3)]),
+    "tensordot dims=0": (lambda M, a, b: M.tensordot(a, b, dims=0), [_n(4), _n(2)]),
+    # two bmm per output feature (lowered), summed into a float32 output, then the bias
+    "bilinear": (_bilinear, [_n(5, 4), _n(5, 2), _n(3, 4, 2), _n(3)]),
+    "bilinear no bias": (_bilinear, [_n(2, 5, 4), _n(2, 5, 2), _n(3, 4, 2)]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", sorted(UNLISTED))
+def test_ops_torch_builds_from_listed_ones_are_torchs(case, dtype):
+    """``einsum`` and ``bilinear`` (not listed on the CPU) as torch's CPU kernels compute them under autocast:
+    the dtype is torch's and the values equal torch's to float32's rounding (before, ``ij,jk->ik`` was float32,
+    7e-3 from torch's bfloat16, and bilinear 1e-2 from its rounded products)."""
+    fn, makers = UNLISTED[case]
+    arrays = [make(RNG) for make in makers]
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        want = fn(torch, *[torch.from_numpy(a) for a in arrays])
+    names = [f"x{i}" for i in range(len(arrays))]
+
+    def captured(**kw):
+        with gc.autocast("cpu", dtype=dtype):
+            return fn(gc, *(kw[n] for n in names))
+
+    model = gc.capture(captured, **{n: gc.spec("float32", a.shape) for n, a in zip(names, arrays)})
+    exact = want.float().numpy()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run(dict(zip(names, arrays)))["output"]
+        assert str(as_dtype(got.dtype)) == str(want.dtype).removeprefix("torch."), (case, backend)
+        np.testing.assert_allclose(got.astype(np.float32), exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
+
+
+def _aten_lists():
+    """torch 2.13's op lists for CUDA autocast (``ATen/autocast_mode.h``, shipped in the wheel): policy -> op names."""
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.exists():
+        pytest.skip("this torch wheel ships no ATen headers")
+    text = header.read_text()
+
+    def names(macro):
+        return set(re.findall(r"_\((\w+)", re.search(rf"#define {macro}\(_\)(.*?)\n\n", text, re.S).group(1)))
+
+    fp32 = names("AT_FORALL_FP32") | names("AT_FORALL_FP32_SET_OPT_DTYPE") | {"norm"}  # norm: a redispatched one
+    return {autocast_policy.LOWER: names("AT_FORALL_LOWER_PRECISION_FP"), autocast_policy.FP32: fp32,
+            autocast_policy.PROMOTE: names("AT_FORALL_PROMOTE")}
+
+
+# graphc ops that run through a listed one (torch's Python composites), and the listed ops graphc has under
+# torch's name but does not wrap yet
+VIA = {"grid_sample": "grid_sampler", "linalg_cross": "cross", "cross_entropy": "nll_loss", "normalize": "norm",
+       "softmin": "softmax"}
+NOT_WRAPPED = {"convolution", "frobenius_norm", "grid_sampler", "nuclear_norm", "rms_norm", "vdot"}
+
+
+def test_policy_cuda_column_is_torchs_source_lists():
+    """The CUDA column against torch's own lists: each entry is in the list of its kind, and each listed op
+    graphc has (``gc.X``, ``gc.linalg.X``, ``F.X``) is in the table with that kind (``einsum``, ``logsumexp``,
+    ``linalg_vector_norm`` and ``linalg_matrix_norm`` were missing, and the CUDA entries of ``conv_tbc``,
+    ``scaled_dot_product_attention``, ``linalg_vecdot`` and ``huber_loss``)."""
+    lists = _aten_lists()
+    for op, (_, cuda) in autocast_policy.POLICY.items():
+        if cuda in lists:
+            assert VIA.get(op, op) in lists[cuda], (op, cuda)
+    for kind, names in lists.items():
+        for name in sorted(names - NOT_WRAPPED):
+            linalg = name.startswith("linalg_")
+            if (getattr(gc.linalg, name.removeprefix("linalg_"), None) if linalg
+                    else getattr(gc, name, None) or getattr(F, name, None)) is not None:
+                assert autocast_policy.POLICY.get(name, (None, None))[1] == kind, (name, kind)
+
+
+def test_cuda_einsum_lowers_and_norms_are_float32():
+    """Under ``gc.autocast("cuda")`` einsum (any equation, as torch's listed kernel) gives float16 and
+    ``logsumexp`` and the ``linalg`` vector and matrix norms of float16 give float32; the CPU leaves them."""
+
+    def fn(x):
+        h = gc.cast(x, "float16")
+        return (gc.einsum("ij,ij->ij", x, x), gc.einsum("ij,jk->ik", x, x), gc.logsumexp(h, 1),
+                gc.linalg.vector_norm(h), gc.linalg.matrix_norm(h), gc.linalg.norm(h))
+
+    def dtypes(device):
+        with gc.autocast(device):
+            model = gc.capture(fn, x=gc.spec("float32", (3, 3)))
+        return [str(as_dtype(int(o.dtype))) for o in model.ir.graph.outputs]
+
+    assert dtypes("cuda") == ["float16"] * 2 + ["float32"] * 4
+    assert dtypes("cpu") == ["float32", "bfloat16"] + ["float16"] * 4

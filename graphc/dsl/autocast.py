@@ -208,6 +208,15 @@ def autocast_op(name: str | None = None, *, named: Callable[[dict[str, Any]], st
     return wrap
 
 
+def cast_as(op: str, *tensors: Any) -> tuple[Any, ...]:
+    """``tensors`` cast as ``POLICY[op]`` casts its arguments under the active block (as given outside
+    one): for an op that torch's kernel builds from listed ones (the CPU's ``einsum`` from ``bmm``)."""
+    state = _active()
+    kind = None if state is None else _kind(op, state.device)
+    dtype = None if kind is None else _target(kind, state, tensors, {})
+    return tensors if dtype is None else tuple(_cast_all(t, dtype) for t in tensors)
+
+
 def _named(signature: inspect.Signature, named: Callable, args: tuple, kwargs: dict) -> str | None:
     try:
         bound = signature.bind(*args, **kwargs)
@@ -243,4 +252,4 @@ def is_autocast_enabled(device_type: str | None = None) -> bool:
     return state is not None and state.enabled
 
 
-__all__ = ["autocast", "autocast_op", "cast", "is_autocast_enabled", "promoted", "widest"]
+__all__ = ["autocast", "autocast_op", "cast", "cast_as", "is_autocast_enabled", "promoted", "widest"]

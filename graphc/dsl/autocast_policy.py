@@ -10,10 +10,12 @@ arguments are never cast.
 
 The CPU column is torch 2.13's own behaviour, probed under ``torch.autocast("cpu",
 dtype=torch.bfloat16)`` (the output dtype of each op; ``tests/test_autocast_ops.py`` probes it
-again). The CUDA column could not be probed here (no GPU): it is the documented list of torch's
-"Autocast Op Reference" (CUDA ops that can autocast to float16 / to float32 / to the widest
-input type), restricted to the ops graphc has, with ``given`` for the transforms it does not list; ``nn.GRUCell`` and the
-other cell modules step through the functional cells, so the cells' entries are theirs too, as torch's.
+again): ``tensordot`` lowers there as the ``mm`` it is; ``einsum`` and ``bilinear``, unlisted, compute as
+torch's CPU kernels do, from ``bmm`` pairs the op casts itself (``ops_einsum``). The CUDA column could
+not be probed here (no GPU): it is torch 2.13's source lists (``ATen/autocast_mode.h``: lower precision /
+float32 / promote), restricted to the ops graphc has, with ``given`` for the transforms it does not list;
+``nn.GRUCell`` and the other cell modules step through the functional cells, so the cells' entries are
+theirs too, as torch's.
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "matmul": (_L, _L), "mm": (_L, _L), "bmm": (_L, _L), "baddbmm": (_L, _L), "addmm": (_L, _L),
     "addbmm": (_L, _L), "linear": (_L, _L), "conv1d": (_L, _L), "conv2d": (_L, _L), "conv3d": (_L, _L),
     "conv_transpose1d": (_L, _L), "conv_transpose2d": (_L, _L), "conv_transpose3d": (_L, _L),
-    "conv_tbc": (_L, None), "prelu": (_L, _L), "scaled_dot_product_attention": (_L, None),
-    "linalg_vecdot": (_L, None), "addmv": (None, _L), "addr": (None, _L), "mv": (None, _L),
+    "conv_tbc": (_L, _L), "prelu": (_L, _L), "scaled_dot_product_attention": (_L, _L),
+    "linalg_vecdot": (_L, _L), "tensordot": (_L, _P), "einsum": (None, _L), "addmv": (None, _L),
+    "addr": (None, _L), "mv": (None, _L),
     "chain_matmul": (None, _L), "linalg_multi_dot": (None, _L),
     "rnn_tanh_cell": (None, _L), "rnn_relu_cell": (None, _L), "lstm_cell": (None, _L), "gru_cell": (None, _L),
     # joins
     "cat": (_P, None), "stack": (_P, None), "index_copy": (_P, None),
     "addcdiv": (None, _P), "addcmul": (None, _P), "atan2": (None, _P), "dot": (None, _P),
-    "tensordot": (None, _P), "scatter_add": (None, _P), "bilinear": (None, _P), "cross": (None, _P),
+    "scatter_add": (None, _P), "bilinear": (None, _P), "cross": (None, _P),
     "linalg_cross": (None, _P), "index_put": (None, _P),
     # losses
-    "mse_loss": (_F, _F), "l1_loss": (_F, _F), "smooth_l1_loss": (_F, _F), "huber_loss": (_F, None),
+    "mse_loss": (_F, _F), "l1_loss": (_F, _F), "smooth_l1_loss": (_F, _F), "huber_loss": (_F, _F),
     "nll_loss": (_F, _F), "cross_entropy": (_F, _F), "binary_cross_entropy": (_F, None),
     "binary_cross_entropy_with_logits": (_F, _F), "kl_div": (_F, _F), "poisson_nll_loss": (_F, _F),
     "cosine_embedding_loss": (_F, _F), "hinge_embedding_loss": (_F, _F), "margin_ranking_loss": (_F, _F),
@@ -77,7 +80,8 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "tan": (None, _F), "erfinv": (None, _F), "expm1": (None, _F), "log10": (None, _F), "log1p": (None, _F),
     "log2": (None, _F), "cosine_similarity": (None, _F), "dist": (None, _F), "norm": (None, _F),
     "normalize": (None, _F), "pdist": (None, _F), "softmin": (None, _F), "softplus": (None, _F),
-    "sum": (None, _F), "renorm": (None, _F),
+    "sum": (None, _F), "renorm": (None, _F), "logsumexp": (None, _F), "linalg_vector_norm": (None, _F),
+    "linalg_matrix_norm": (None, _F),
     # norms
     "layer_norm": (_M, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M),
 }

@@ -106,6 +106,7 @@ def _floating(fn: str, x: Any, dtype: Any) -> Tensor:
     return x if dtype is None else cast(x, dtype)
 
 
+@autocast_op("linalg_vector_norm")
 def vector_norm(x: Any, ord: float = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
                 dtype: Any = None) -> Tensor:
     """``torch.linalg.vector_norm`` over ``dim`` (None: all): ``ord`` 2, 1, inf, -inf, 0 (the count of
@@ -113,6 +114,7 @@ def vector_norm(x: Any, ord: float = 2, dim: Any = None, keepdim: bool = False, 
     return _norm(_floating("linalg.vector_norm", x, dtype), ord, dim, keepdim)
 
 
+@autocast_op("linalg_matrix_norm")
 def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepdim: bool = False, *,  # noqa: A002
                 dtype: Any = None) -> Tensor:
     """``torch.linalg.matrix_norm``: ``ord`` "fro", 1 / -1 (largest / smallest column sum of ``|A|``),

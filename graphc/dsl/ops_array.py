@@ -23,6 +23,7 @@ from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.dim_sizes import dim_length, sized
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.ops_divide import to_float
+from graphc.dsl.ops_einsum import einsum
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
@@ -475,6 +476,7 @@ def sort_order(x: Tensor, dim: int, descending: bool) -> Tensor:
                 num_outputs=2, out_types=[(key.dtype, x.shape), ("int64", x.shape)])[1]
 
 
+@autocast_op("logsumexp")
 @one_element()
 @in_float32
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
@@ -512,17 +514,6 @@ def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
     v = var(x, dim, correction, keepdim, unbiased=unbiased)
     zero = v == scalar(0.0, v)
     return where(zero, scalar(0.0, v), sqrt(where(zero, scalar(1.0, v), v)))
-
-
-@in_float32
-def einsum(equation: str, *operands: Any) -> Tensor:
-    """``torch.einsum`` (explicit or implicit output). Signature: ai.onnx@12::Einsum"""
-    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
-        operands = tuple(operands[0])
-    tensors = [lift(t) for t in operands]
-    for t in tensors[1:]:
-        same_dtype("Einsum", tensors[0], t)
-    return emit("Einsum", tensors, {"equation": equation.replace(" ", "")})
 
 
 __all__ = [

@@ -4,10 +4,11 @@ beside ``cdist``), each standard ONNX ops (Einsum, Gather, reductions), so the k
 
 from __future__ import annotations
 
-from graphc.dsl.autocast import autocast_op
+from graphc.dsl.autocast import autocast_op, cast, is_autocast_enabled
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import detach, emit, lift, maximum, same_dim, scalar
 from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.ops_einsum import einsum
 from graphc.dsl.ops_math import norm
 from graphc.dsl.ops_search import pdist
 from graphc.dsl.tensor import Tensor
@@ -33,7 +34,10 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
         for x, i, name in ((x1, 1, "input1"), (x2, 2, "input2")):
             if x.shape:
                 same_dim("Bilinear", [x, w], x.shape[-1], w.shape[i], f"{name} features and weight dim {i}")
-    y = emit("Einsum", [x1, w, x2], {"equation": "...i,oij,...j->...o"})
+    if is_autocast_enabled():  # torch's CPU kernel: two bmm (lowered) per output feature, summed in x1's dtype
+        y = cast(einsum("...oj,...j->...o", einsum("...i,oij->...oj", x1, w), x2), x1.dtype)
+    else:
+        y = emit("Einsum", [x1, w, x2], {"equation": "...i,oij,...j->...o"})
     return y if bias is None else y + lift(bias, y)
 
 
