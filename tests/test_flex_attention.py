@@ -46,8 +46,12 @@ def soft_cap(score, b, h, q_idx, kv_idx):
 
 
 def alibi(score, b, h, q_idx, kv_idx):
-    slope = (h + 1).float() * -0.25  # torch's promotion is the user's cast in graphc
+    slope = (h + 1).float() * -0.25  # float32 and the float64 score do not promote in graphc: the user's cast
     return score + slope.to(score.dtype) * (q_idx - kv_idx).to(score.dtype)
+
+
+def relative_position(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx)  # torch's example: the int64 offsets promote to the score's float dtype
 
 
 def _document(ids):
@@ -71,6 +75,7 @@ CASES = {
     "fully_masked_row": (None, no_row_2, H, False),
     "alibi_causal": (alibi, causal, H, True),
     "soft_cap": (soft_cap, None, H, True),
+    "relative_position": (relative_position, causal, H, True),
     "learned_bias": ("relative", None, H, True),
     "gqa": (soft_cap, causal, 2, True),
 }

@@ -144,6 +144,16 @@ def _fits(t: Tensor, other: Any) -> None:
                            f"t.astype('float32') (at {user_source()})")
 
 
+def across_categories(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """torch's promotion of two Tensors of different categories: the bool or integer one takes the
+    other's dtype (``x + gc.arange(3)`` is float32 for a float32 ``x``, an int32 Tensor plus a bool one
+    int32). Two dtypes of one category (float32 with float64, int32 with int64) stay a capture error."""
+    ca, cb = _category(a.dtype), _category(b.dtype)
+    if ca == cb:
+        return a, b
+    return (cast(a, b.dtype), b) if ca < cb else (a, cast(b, a.dtype))
+
+
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
     """Raise CaptureError when static dims of ``a`` and ``b`` cannot broadcast (symbolic dims are
     trusted): ``infer.broadcast``'s check, naming just this pair (Where checks two pairs of its
@@ -212,6 +222,7 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         return emit(op, [lift(a), b])  # a float base keeps its type (ONNX Pow's T): 2.0 ** int_t is float, as in torch
     a, b = promoted(*operand_pair(a, b))
     if op != "Pow":
+        a, b = across_categories(a, b)
         same_dtype(op, a, b)
     return emit(op, [a, b])
 
@@ -325,7 +336,7 @@ def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
     """``input`` where ``condition`` else ``other`` (torch's names). Signature: ai.onnx@16::Where"""
-    a, b = promoted(*operand_pair(input, other))
+    a, b = across_categories(*promoted(*operand_pair(input, other)))
     cond = lift(condition)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())

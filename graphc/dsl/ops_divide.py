@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl.builder import user_source
-from graphc.dsl.ops import binary, cast, emit, operand_pair, same_dtype, scalar, unary, where
+from graphc.dsl.ops import across_categories, binary, cast, emit, operand_pair, same_dtype, scalar, unary, where
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -57,7 +57,7 @@ def fmod(a: Any, b: Any) -> Tensor:
 
 
 def _int_or_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    a, b = operand_pair(a, b)
+    a, b = across_categories(*operand_pair(a, b))
     same_dtype("Mod", a, b)
     if a.dtype == "bool":
         raise CaptureError(f"{fn} takes integer or float Tensors, got bool ones; cast them first "
