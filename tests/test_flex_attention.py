@@ -11,6 +11,7 @@ import sys
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 
 import graphc as gc
@@ -347,3 +348,25 @@ def test_narrow_inputs_give_a_float32_logsumexp_as_torch(dtype):
         np.testing.assert_allclose(got["lse"], lse.numpy(), rtol=1e-6, atol=1e-6, err_msg=backend)
         np.testing.assert_allclose(got["out"].astype(np.float64), out.float().numpy(), rtol=ulp, atol=ulp,
                                    err_msg=backend)
+
+
+def test_triton_export_at_opset_17_keeps_no_unread_initializer(tmp_path):
+    """deploy.triton writes opset 17, where ReduceMax/ReduceSum take their axes as attributes: the converter
+    left the axes initializers (``unsqueeze_folded``, ...) behind, unread, which onnxruntime warns about and
+    removes. Now none is left, and the server model's outputs are the captured model's."""
+    from graphc.serving import deploy
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=relative_position, block_mask=create_block_mask(causal, B, H, Q, KV))
+
+    model = _capture(fn, **QKV)
+    deploy.triton(model, tmp_path / "repo", "flex")
+    (path,) = (tmp_path / "repo").rglob("*.onnx")
+    onnx.checker.check_model(str(path), full_check=True)
+    proto = onnx.load(str(path))
+    assert proto.opset_import[0].version == 17
+    read = {name for node in proto.graph.node for name in node.input}
+    assert [t.name for t in proto.graph.initializer if t.name not in read] == []
+    feeds = {n: RNG.standard_normal(s) for n, s in QKV.items()}
+    want = gc.Session(model, backend="numpy").run(feeds)["output"]
+    np.testing.assert_allclose(gc.Session(gc.load(path), backend="ort-cpu").run(feeds)["output"], want, rtol=1e-12)

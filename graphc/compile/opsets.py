@@ -64,7 +64,20 @@ def _converted(model: Model, target: int) -> onnx.ModelProto:
     clip_bounds_like_input(converted)
     _restore(converted, held, target)
     _drop_default_attributes_unknown_at(converted, model.opset, target)
+    _drop_unread_initializers(converted.graph)
     return converted
+
+
+def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Drop the initializers no node (nor subgraph) reads and no output or input names: the
+    converter's adapters turn inputs into attributes (ReduceMean's axes below opset 18) and leave
+    their initializers behind, which onnxruntime warns about and removes."""
+    read = {name for g in all_graphs(graph) for node in g.node for name in node.input}
+    read |= {v.name for v in (*graph.output, *graph.input)}
+    keep = [t for t in graph.initializer if t.name in read]
+    if len(keep) < len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
 
 
 # onnx's converter stops at an op version it has no adapter from (down) or to (up) with a C++ assertion
