@@ -10,6 +10,7 @@ import numpy as np
 import typer
 from rich.markup import escape
 
+from graphc.cli import averaging
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
@@ -178,6 +179,23 @@ def grad_cmd(
                                            "Einsum/PRelu run in this dtype, the ops after them on what they are "
                                            "given, the loss and the params in float32 (float16: give --loss-scale "
                                            "dynamic too; default: none)."),
+    averaged: Optional[str] = typer.Option(None, "--averaged", metavar="swa|ema[:DECAY]",
+                                           help="Keep an averaged copy of the weights, updated after each optimizer "
+                                           "step as torch.optim.swa_utils.AveragedModel (generate's averaged=; "
+                                           "graphc export --averaged writes it): swa (the running mean, "
+                                           "get_swa_avg_fn), swa_multi, ema[:DECAY] (decay*avg + (1-decay)*p, "
+                                           f"get_ema_avg_fn; DECAY default {averaging.ema_decay_default():g}) or "
+                                           "ema_multi[:DECAY] (default: none)."),
+    averaged_start: Optional[int] = typer.Option(None, "--averaged-start", min=0, metavar="N",
+                                                 help="Steps before the averaging: the first update after step "
+                                                 "N + --averaged-every, as torch users' swa_start (default: "
+                                                 f"{averaging.model_default('start')}; only with --averaged)."),
+    averaged_every: Optional[int] = typer.Option(None, "--averaged-every", min=1, metavar="N",
+                                                 help="Steps between averaging updates (default: "
+                                                 f"{averaging.model_default('every')}; only with --averaged)."),
+    averaged_buffers: bool = typer.Option(False, "--averaged-buffers", help="Average the buffers (BatchNorm "
+                                          "statistics) too, else copy them: AveragedModel's use_buffers (only "
+                                          "with --averaged)."),
     class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
                                                 help="A cross_entropy loss's weight of each class, as a comma "
                                                 "list or a .npy file (default: none, all 1)."),
@@ -220,18 +238,20 @@ def grad_cmd(
                          step_sizes=_pair("--step-sizes", step_sizes, "MIN,MAX", "1e-6,50"), beta2_decay=beta2_decay,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
+    averaged_model = averaging.averaged_model(averaged, averaged_start, averaged_every, averaged_buffers)
     loaded = gc.load(model)
     batchnorms = _batchnorms(loaded, batchnorm)  # before generate, which may rewrite the graph
     arts = gc.training.generate(loaded, spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
-                                scheduled=scheduled, autocast=autocast)
+                                scheduled=scheduled, autocast=autocast, averaged=averaged_model)
     wrote(arts.save(output))
     m = arts.manifest
     console.print(escape(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
                   f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}"
                   f"{batchnorms}{_scaling(m.loss_scale)}"
-                  f"{'' if m.autocast is None else f'; autocast {m.autocast}'}"), highlight=False, soft_wrap=True)
+                  f"{'' if m.autocast is None else f'; autocast {m.autocast}'}{_averaged(m.averaging)}"),
+                  highlight=False, soft_wrap=True)
     console.print(escape(f"trainable: {_listing(m.trainable)}"), highlight=False, soft_wrap=True)
     if m.constants:
         console.print(escape("exporter constants (not trained; --param NAME trains one): "
@@ -273,6 +293,11 @@ def _batchnorms(model, mode: str) -> str:
     if op_histogram(model.ir.graph)["BatchNormalization"]:
         return f"; BatchNorm {mode}"
     return "; --batchnorm frozen: the model has no BatchNorm, nothing to freeze" if mode == "frozen" else ""
+
+
+def _averaged(spec: Optional[dict]) -> str:
+    """``; averaged ema decay=0.9 from step 1 (...)`` for the summary line (empty without averaging)."""
+    return "" if spec is None else f"; averaged {averaging.described(spec)} (graphc export --averaged writes it)"
 
 
 def _scaling(spec: Optional[dict]) -> str:

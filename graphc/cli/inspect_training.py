@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from graphc.cli.averaging import described
 from graphc.errors import InputError
 
 
@@ -70,6 +71,9 @@ def artifacts_facts(path: Path) -> dict:
             "loss": {"kind": kind, "output": output, "label": label, "settings": loss.pop("options", {}) | loss},
             "optimizer": {"kind": optimizer.pop("kind"), "settings": optimizer},
             "batchnorm": m.batchnorm, "device": m.device, "recompute": m.recompute, "metrics": list(m.metrics),
+            "loss_scale": m.loss_scale, "autocast": m.autocast,
+            "averaging": None if m.averaging is None else {k: v for k, v in m.averaging.items() if k != "names"}
+            | {"copies": len(m.averaging["names"])},
             "batch_inputs": [{"name": e.name, "role": e.role, "dtype": e.dtype, "shape": e.shape}
                              for e in step.inputs if e.role in ("data", "label")],
             "params": {"trainable": list(m.trainable), "frozen": list(m.frozen), "constants": list(m.constants),
@@ -89,6 +93,14 @@ def describe_artifacts(f: dict, console: Console) -> None:
             f"BatchNorm {f['batchnorm']}; backward lowered for {f['device']}" + ("; recomputes forward values"
                                                                                  if f["recompute"] else ""),
             escape("metrics: " + (", ".join(f["metrics"]) or "the loss kind's defaults"))]
+    if f["loss_scale"] is not None or f["autocast"] is not None:
+        scale = f["loss_scale"]
+        said.append("precision: " + "; ".join(
+            ([] if scale is None else [f"loss scale {scale['kind']} from {scale['init_scale']:g}"])
+            + ([] if f["autocast"] is None else [f"autocast {f['autocast']}"])))
+    if f["averaging"] is not None:
+        said.append(f"weight averaging: {described(f['averaging'])}; an averaged copy of {f['averaging']['copies']} "
+                    "params and buffers (graphc export --averaged writes it)")
     for line in said:
         console.print(line, highlight=False, soft_wrap=True)
     batch = Table(title="batch inputs", title_justify="left")

@@ -408,7 +408,8 @@ def export_cmd(
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
     allow_uncalibrated: bool = allow_uncalibrated_option("Write"),
     averaged: bool = typer.Option(False, "--averaged", help="Write the averaged weights (SWA/EMA: artifacts "
-                                  "generated with averaged=) in place of the trained ones."),
+                                  "from graphc grad --averaged, or generate's averaged=) in place of the trained "
+                                  "ones."),
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 

@@ -19,7 +19,8 @@ def averaged_names(manifest: Any) -> list[str]:
     ``ArtifactsError`` for artifacts that average nothing."""
     if manifest.averaging is None:
         raise ArtifactsError("these training artifacts keep no averaged weights: generate them with "
-                             "gc.training.generate(..., averaged=gc.optim.swa_utils.AveragedModel(...))")
+                             "gc.training.generate(..., averaged=gc.optim.swa_utils.AveragedModel(...)), or "
+                             "graphc grad --averaged swa|ema:DECAY")
     return list(manifest.averaging["names"])
 
 
