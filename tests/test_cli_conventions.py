@@ -62,7 +62,8 @@ def test_inspect_json_describes_the_model(ws, capsys):
     assert result.code == 0, result.err
     said = json.loads(result.out)
     model = gc.load(ws / "mlp.onnx")
-    assert said["inputs"] == [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in model.inputs]
+    assert said["inputs"] == [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "complex": None}
+                               for s in model.inputs]
     assert said["nodes"] == len(onnx.load(ws / "mlp.onnx").graph.node) == sum(said["ops"].values())
     # the batch of 5 rows through Gemm [8 -> 16] and MatMul [16 -> 3]: 2*5*(8*16 + 16*3) multiply-adds
     assert said["flops"]["dims"] == {"batch": 5} and said["flops"]["total"] == 2 * 5 * (8 * 16 + 16 * 3)

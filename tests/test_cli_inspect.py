@@ -3,6 +3,7 @@ names against the signature (item 8); in process, through ``graphc.cli.main``.""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import numpy as np
@@ -114,3 +115,24 @@ def test_inspect_prints_a_long_model_path_whole(capsys, net_file, monkeypatch):
     r = run_cli(capsys, "inspect", path)
     assert r.code == 0, r.err
     assert r.out.splitlines()[0].startswith(f"Img  ({path})  opset: ai.onnx ")
+
+
+def test_inspect_shows_a_complex_models_complex_values_and_their_pairs(capsys, tmp_path, monkeypatch):
+    """It listed only the float64[N, 8, 2] pairs, while graphc run takes and writes complex128[N, 8] arrays."""
+    monkeypatch.setenv("COLUMNS", "160")
+    gc.capture(lambda z, w: (z * w, w + 1.0), z=gc.spec("complex128", ("N", 8)),
+               w=gc.spec("complex128", ("N", 8)), name="cmul").save(tmp_path / "c.onnx")
+    model = gc.load(tmp_path / "c.onnx")
+    out = run_cli(capsys, "inspect", tmp_path / "c.onnx").out
+    assert "│ z    │ complex128 │ [N, 8] │ float64[N,8,2] real pair │" in out, out
+    assert "graphc run takes a complex .npy (or the pair) and writes complex arrays" in out
+    said = json.loads(run_cli(capsys, "inspect", tmp_path / "c.onnx", "--json").out)
+    assert said["inputs"][0] == {"name": "z", "dtype": "float64", "shape": ["N", 8, 2],
+                                 "complex": {"dtype": "complex128", "shape": ["N", 8]}}
+    assert [o["complex"] for o in said["outputs"]] == [{"dtype": "complex128", "shape": ["N", 8]}] * 2
+    assert len(model.outputs) == 2
+    plain = tmp_path / "p.onnx"
+    gc.capture(lambda x: x + 1.0, x=gc.spec("float32", ("N", 3)), name="plain").save(plain)
+    text = run_cli(capsys, "inspect", plain).out
+    assert "held as" not in text and "real pairs" not in text
+    assert json.loads(run_cli(capsys, "inspect", plain, "--json").out)["inputs"][0]["complex"] is None

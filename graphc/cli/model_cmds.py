@@ -120,13 +120,29 @@ def capture_cmd(
                   f"opset {opset} -> {escape(str(output))}", highlight=False, soft_wrap=True)
 
 
-def _spec_table(title: str, specs: list) -> Table:
+def _spec_table(title: str, specs: list, complex_names: frozenset[str]) -> Table:
+    """The inputs or outputs; a complex one (``graphc.complex_io``) as the complex value it holds,
+    its pair in the last column."""
+    from graphc.model.complex_io import complex_spec
+    from graphc.model.dtypes import type_text
+
     table = Table(title=title, title_justify="left")
-    for column in ("name", "dtype", "shape"):
+    for column in ("name", "dtype", "shape", *(["held as"] if complex_names else [])):
         table.add_column(column)
     for s in specs:
-        table.add_row(escape(s.name), s.dtype, escape(shape_text(s.shape)))
+        pair = s.name in complex_names
+        shown = complex_spec(s) if pair else s
+        table.add_row(escape(s.name), shown.dtype, escape(shape_text(shown.shape)),
+                      *([escape(f"{type_text(s.dtype, s.shape)} real pair") if pair else ""] if complex_names else []))
     return table
+
+
+def _complex_note(complex_inputs: frozenset[str], complex_outputs: frozenset[str]) -> str:
+    """What a model's complex inputs and outputs mean for the commands (empty: it has none)."""
+    if not (complex_inputs or complex_outputs):
+        return ""
+    return ("complex inputs and outputs are held as [..., 2] real pairs (real, imaginary): graphc run takes a complex "
+            ".npy (or the pair) and writes complex arrays; graphc serve and deploy triton take and give the pairs")
 
 
 # checked_kind -> (what it is, in words; its facts; their description)
@@ -151,6 +167,7 @@ def inspect_cmd(
     same description as one JSON document."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
+    from graphc.model.complex_io import complex_names
     from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
     kind = checked_kind(model_path)
@@ -174,8 +191,11 @@ def inspect_cmd(
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
     console.print(f"[bold]{escape(model.name)}[/]  ({escape(str(model_path))})  opset: {opsets}  ir_version {model.ir_version}  "
                   f"producer: {model.ir.producer_name or '?'}", highlight=False, soft_wrap=True)
-    console.print(_spec_table("inputs", model.inputs))
-    console.print(_spec_table("outputs", model.outputs))
+    complex_inputs, complex_outputs = complex_names(model.ir.metadata_props)
+    console.print(_spec_table("inputs", model.inputs, complex_inputs))
+    console.print(_spec_table("outputs", model.outputs, complex_outputs))
+    if note := _complex_note(complex_inputs, complex_outputs):
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     hist = op_histogram(model.ir.graph)
     ops_table = Table(title=f"ops ({sum(hist.values())} nodes)", title_justify="left")
     ops_table.add_column("op")
@@ -202,18 +222,23 @@ def inspect_cmd(
 def _model_json(model, path: Path, sizes: dict[str, int], estimate) -> dict:
     """What `graphc inspect MODEL.onnx` prints, as `--json` writes it (shapes as lists: a dim is a
     number, a name or null)."""
+    from graphc.model.complex_io import complex_names, complex_spec
     from graphc.model.inspection import op_histogram, param_stats
 
     elems, nbytes = param_stats(model)
     hist = op_histogram(model.ir.graph)
+    complex_inputs, complex_outputs = complex_names(model.ir.metadata_props)
 
-    def specs(values: list) -> list[dict]:
-        return [{"name": s.name, "dtype": str(s.dtype), "shape": s.shape} for s in values]
+    def specs(values: list, complex_ones: frozenset[str]) -> list[dict]:
+        """Each as the file holds it; ``complex``: the complex value its pair holds (null for the others)."""
+        return [{"name": s.name, "dtype": str(s.dtype), "shape": s.shape,
+                 "complex": {"dtype": (c := complex_spec(s)).dtype, "shape": c.shape} if s.name in complex_ones
+                 else None} for s in values]
 
     return {"name": model.name, "path": str(path),
             "opsets": {domain or "ai.onnx": version for domain, version in model.ir.opset_imports.items()},
             "ir_version": model.ir_version, "producer": model.ir.producer_name or None,
-            "inputs": specs(model.inputs), "outputs": specs(model.outputs),
+            "inputs": specs(model.inputs, complex_inputs), "outputs": specs(model.outputs, complex_outputs),
             "nodes": sum(hist.values()), "ops": dict(hist.most_common()),
             "parameters": {"elements": elems, "bytes": nbytes, "initializers": len(model.ir.graph.initializers)},
             "flops": {"dims": {**sizes, **{name: 1 for name in estimate.defaulted}}, "by_op": dict(sorted(estimate.by_op.items())),
