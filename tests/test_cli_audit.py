@@ -217,6 +217,21 @@ def test_sigterm_stops_train_as_ctrl_c_does(capsys, ws, tmp_path):
     assert f"resumed from {tmp_path / 'ck'} in epoch 1, after 3 batches (step 3)" in r.out, r.out
 
 
+def test_sigterm_ends_a_train_started_with_sigint_ignored(ws, tmp_path):
+    """Started with ``&`` from a script, SIGINT is ignored: SIGTERM, taken as a Ctrl-C the process
+    then dropped, did nothing (the run went on to its last epoch). It keeps its default now: the run
+    ends at once and the checkpoint saved before (step 2) is intact."""
+    import signal
+
+    env = {**os.environ, SIGNAL_HOOK_ENV: "TERM:3"}
+    done = subprocess.run([GRAPHC, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "50", "--batch-size",
+                           "8", "-b", "numpy", "-q", "--checkpoint", tmp_path / "ck", "--checkpoint-every", "2"],
+                          check=False, capture_output=True, text=True, env=env, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
+    assert ckpt.read_meta(tmp_path / "ck").step == 2
+
+
 BF16_NET = """
 import graphc as gc
 from graphc import nn

@@ -383,8 +383,11 @@ def _lr_note(trainer):
 @contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM (a scheduler or container stopping the run) taken as Ctrl-C: the step under way
-    ends and the checkpoint is saved, where the default would kill the run mid-epoch."""
-    if threading.current_thread() is not threading.main_thread():
+    ends and the checkpoint is saved, where the default would kill the run mid-epoch. Not where
+    SIGINT is ignored (a run started with ``&`` from a script): the SIGINT raised would be dropped
+    and SIGTERM with it, so SIGTERM keeps its default and ends the run."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
         yield
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
