@@ -13,11 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import onnx_ir as ir
-
 from graphc.passes.emit import Emitter
-from graphc.passes.training import broadcasts, clipping, flat, guarded_params, loss_scaling, optimizers, param_selection
+from graphc.passes.training import (
+    broadcasts,
+    clipping,
+    flat,
+    guarded_params,
+    loss_scaling,
+    optimizers,
+    param_selection,
+)
 from graphc.passes.training.artifacts import GRAD_NORM, append_optimizer, slots_of, tidy
 from graphc.passes.training.graph_outputs import expose, input_with_default, set_outputs
 
@@ -97,12 +103,15 @@ def _params_and_grads(graph: ir.Graph, params: Sequence[ir.Value],
 
 
 def _exchanged(graph: ir.Graph, optimizer: dict, loss_scale: dict | None, norm_dtype: ir.DataType) -> dict:
-    """The inputs a sharded update takes in place of reading every gradient: {role: input}."""
-    out = {}
-    if loss_scale is not None:
-        out["found_inf"] = input_with_default(graph, FOUND_INF, np.array(False))
+    """The inputs a sharded update takes in place of reading every gradient: {role: input}. Plain
+    inputs, always fed: onnxruntime's IOBinding refuses to bind an input that has an initializer
+    (its session lists it among the overridable initializers, not the inputs)."""
+    wanted = {"found_inf": (FOUND_INF, ir.DataType.BOOL)} if loss_scale is not None else {}
     if optimizer.get("max_grad_norm") is not None:
-        out[GRAD_NORM] = input_with_default(graph, TOTAL_NORM, np.array(0, norm_dtype.numpy()))
+        wanted[GRAD_NORM] = (TOTAL_NORM, norm_dtype)
+    out = {role: ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape([]))
+           for role, (name, dtype) in wanted.items()}
+    graph.inputs.extend(out.values())
     return out
 
 

@@ -119,10 +119,12 @@ class ShardedUpdate:
             feeds[TOTAL_NORM] = norm
         self._feeds = {}
         self._run_update(feeds)
-        new = {p: self._update.to_host(self._state[p]) for p in [*self._mine, *self._pieces[self.rank]]}
+        new = {p: self._update.to_host(self._state[p]) for p in self._mine}
+        for piece in self._pieces[self.rank]:  # not a carried tensor: gathered again next step. Copied before
+            # its handle goes: onnxruntime's to_host is a view of the handle's memory, garbage once it is freed
+            new[piece] = np.array(self._update.to_host(self._state[piece]), copy=True)
+            del self._state[piece]
         self._scatter(self.rank, new)
-        for piece in self._pieces[self.rank]:
-            del self._state[piece]  # not a carried tensor: gathered again next step
         return new, None if norm is None else float(norm)
 
     def update_shard(self, step: int, *gathered: Optional[dict]) -> tuple[dict, Optional[float]]:
