@@ -127,6 +127,7 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
         warn_mixed_rows(graphs["eval"], self.manifest, self._rows, workers)  # as the workers run it
         self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
+        self._unread: list = []  # the last step's refs nothing reads (sharded: norms, shares), settled on a failure
         self._later: dict[str, np.ndarray] = {}  # carried tensors to set once the pending update is applied
         self._start(self.artifacts.state)
         if resume_from is not None:
@@ -168,7 +169,7 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
         self.backend, _, self._stages, _ = started[0]
         self._who, self._nodes = worker_names(self._ray, started), [node for *_, node in started]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
-        self._pending, self._later, self._loader_sent, self._metrics_sent = [], {}, None, False
+        self._pending, self._unread, self._later, self._loader_sent, self._metrics_sent = [], [], {}, None, False
         self._step_metrics: Optional[dict[str, float]] = None
 
     @property
@@ -194,8 +195,11 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
     def _sync(self) -> None:
         """Apply the last step's update, which the workers otherwise apply at the next step, then
         set what waited for it (``_later``)."""
-        if self._pending:
-            self._applied([r.apply.remote(self.step_count, *self._pending) for r in self._replicas])
+        if self._pending:  # a worker lost since the step: the calls its objects failed read, the step's unread too
+            refs = [r.apply.remote(self.step_count, *self._pending) for r in self._replicas]
+            with settled(self._ray, refs + self._pending + self._unread):
+                self._applied(refs)
+            self._unread = []
         if self._later:
             self._get([r.set.remote(self._later) for r in self._replicas], "setting lr")
             self._later = {}
@@ -215,7 +219,7 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
         if self._session.current():  # else ray.shutdown() ended them
             for replica in self._actors or ():
                 self._ray.kill(replica)
-        self._actors, self._pending = None, []
+        self._actors, self._pending, self._unread = None, [], []
 
     def worker_pids(self) -> list[int]:
         """The process id of each worker, by rank."""
@@ -251,10 +255,10 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
             calls = self._step_calls(messages, rows)
             pending, update, shares = self._updates(calls, norm)
             made = [grads for _, *parts in calls for grads in parts] + pending + update + shares
-            with settled(self._ray, made + self._pending):  # the last update's too: a worker may have died in it
+            with settled(self._ray, made + self._pending + self._unread):  # the last update's: a worker died in it?
                 infos = self._get([info for info, *_ in calls], f"training step {self.step_count + 1}", bounds)
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
-            self._pending, self._later = pending, {}
+            self._pending, self._unread, self._later = pending, shares, {}
             self.step_count += 1
             if norm:  # a failed update stays pending: the next call sends it again, applied once
                 with settled(self._ray, made):
