@@ -139,7 +139,7 @@ class FlatBuffer(BaseModel):
         """(param, its first element in the buffer, its elements), the params laid end to end."""
         out, offset = [], 0
         for p, shape in zip(self.params, self.shapes):
-            size = int(np.prod(shape, dtype=np.int64))
+            size = math.prod(shape)
             out.append((p, offset, size))
             offset += size
         return out
