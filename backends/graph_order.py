@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx import helper
+from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
 from graphc.model.graphs import reads
 
@@ -29,12 +31,22 @@ def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: lis
     profiling, options.enable_profiling = options.enable_profiling, False
     ort.InferenceSession(data, options, providers=providers, disabled_optimizers=list(disabled) or None)
     written = onnx.load(str(optimized), load_external_data=False)
+    _inline_integers(written.graph, optimized.parent)
     sort(written.graph, {node.name: i for i, node in enumerate(model.graph.node)})
     ordered = optimized.with_name("ordered.onnx")
     onnx.save(written, str(ordered))
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.optimized_model_filepath, options.enable_profiling = "", profiling
     return ordered, written.graph
+
+
+def _inline_integers(graph: onnx.GraphProto, directory: Path) -> None:
+    """Read back into ``graph`` the integer initializers onnxruntime wrote to the external file:
+    they are sizes, shapes and indices its shape inference reads when it loads the graph, and
+    cannot read there (a flat buffer's ``Split`` into 128 params or more: 1 KiB of int64 sizes)."""
+    for tensor in graph.initializer:
+        if uses_external_data(tensor) and helper.tensor_dtype_to_np_dtype(tensor.data_type).kind in "iub":
+            load_external_data_for_tensor(tensor, str(directory))
 
 
 def sort(graph: onnx.GraphProto, ranks: Mapping[str, int]) -> None:

@@ -79,3 +79,33 @@ def test_sort_puts_a_made_node_before_its_first_reader():
                          [h.make_tensor_value_info("b2", onnx.TensorProto.FLOAT, [1])])
     graph_order.sort(graph, {"a": 0, "b1": 1, "copy": 2, "b2": 3})
     assert [n.name for n in graph.node] == ["a", "b1", "fused copy", "b2"]
+
+
+class _Wide(gc.nn.Module):
+    """65 Linear layers: 130 params, one flat buffer whose ``Split`` sizes (1040 bytes of int64)
+    onnxruntime writes to the optimized model's external file."""
+
+    def __init__(self, regions: bool):
+        super().__init__()
+        self.regions = regions
+        self.body = gc.nn.Sequential(*(layer for _ in range(65) for layer in (gc.nn.Linear(2, 2, dtype="float64"),
+                                                                               gc.nn.Tanh())))
+
+    def forward(self, x):
+        return checkpoint_sequential(self.body, 5, x, use_reentrant=False) if self.regions else self.body(x)
+
+
+def test_a_region_train_step_of_128_params_or_more_loads_in_graph_order():
+    """The sorted graph reads its integer initializers inline: onnxruntime's shape inference
+    could not read the flat buffer's Split sizes from the external file, and refused the session."""
+    batch, losses = {"x": RNG.normal(size=(8, 2)), "y": RNG.normal(size=(8, 2))}, {}
+    for regions in (True, False):
+        gc.manual_seed(0)
+        model = gc.capture(_Wide(regions), x=gc.spec("float64", ("N", 2)))
+        arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(1e-2))
+        trainer = gc.Trainer(arts, backend="ort-cpu")
+        if regions:
+            options = trainer._train.session.get_session_options()
+            assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # graph order
+        losses[regions] = [trainer.step(batch) for _ in range(3)]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-12)
