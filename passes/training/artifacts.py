@@ -251,13 +251,14 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         scale = input_with_default(step.graph, loss_scaling.LOSS_SCALE,
                                    loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
         seed_scale = loss_scaling.seed(Emitter(step.graph, opset, "loss_scale"), scale, loss_value)
+
+    def scaled(factor: ir.Value, scope: str) -> ir.Value:  # the seed's scale times ``factor``
+        return factor if seed_scale is None else Emitter(step.graph, opset, scope).op("Mul", seed_scale, factor)
+
     if any(exchange_kind(node) for node in step.graph):  # a data-parallel worker seeds 0 a shard that counts nothing
-        seed = sync_batchnorm.loss_seed(step.graph, loss_value)
-        seed_scale = seed if seed_scale is None else Emitter(step.graph, opset, "sync_bn").op("Mul", seed_scale, seed)
+        seed_scale = scaled(sync_batchnorm.loss_seed(step.graph, loss_value), "sync_bn")
     if holds_autograd_functions(step):  # a hook sees the micro-batch's weighted gradient (``accumulate.seed_weight``)
-        b = Emitter(step.graph, opset, "accumulate")
-        weight = accumulate.seed_weight(b, loss_value)
-        seed_scale = weight if seed_scale is None else b.op("Mul", seed_scale, weight)
+        seed_scale = scaled(accumulate.seed_weight(Emitter(step.graph, opset, "accumulate"), loss_value), "accumulate")
     found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],
                      device, nchwc, seed_scale, step.functions)
     grads = {p: found[p] for p in params}
