@@ -96,17 +96,12 @@ def backwards(builder: Builder) -> dict[ir.OperatorIdentifier, ir.Function]:
 def rebind(builder: Builder, old: ir.Value, new: ir.Value) -> None:
     """The Functions applied so far whose gradient goes to ``old`` send it to ``new`` instead: a hook put between
     ``old`` and its readers (``graphc.dsl.grad_hooks``) sees the gradient through a Function that read ``old``."""
-    finisher = builder.finishers.get(_FUNCTIONS_KEY)
-    for _, record, inputs, reads, marks in [] if finisher is None else finisher.pending:
-        if any(v is old for v in inputs):
-            inputs[:] = [new if v is old else v for v in inputs]
-            _Finisher._write(record, inputs, reads, marks)
+    builder.finishers.get(_FUNCTIONS_KEY, _Finisher()).rebind(old, new)
 
 
 def discard(builder: Builder, marker: ir.Node) -> None:
     """Forget the Function whose marker is ``marker`` (a removed hook's): its backward stays out of the model."""
-    finisher = builder.finishers[_FUNCTIONS_KEY]
-    finisher.pending = [p for p in finisher.pending if all(m.value.producer() is not marker for m in p[4])]
+    builder.finishers.get(_FUNCTIONS_KEY, _Finisher()).discard(marker)
 
 
 def _apply(cls: type, args: tuple, source: str) -> Any:
@@ -263,6 +258,18 @@ class _Finisher:
     def add(self, function: ir.Function, record: dict, inputs: list, reads: list, marks: list) -> None:
         self.pending.append((function, record, inputs, reads, marks))
         self._write(record, inputs, reads, marks)  # at once too: a gc.func transform then names the Function
+
+    def rebind(self, old: ir.Value, new: ir.Value) -> None:
+        """The Functions whose gradient goes to ``old`` send it to ``new`` instead (``rebind``)."""
+        for _, record, inputs, reads, marks in self.pending:
+            if any(v is old for v in inputs):
+                inputs[:] = [new if v is old else v for v in inputs]
+                self._write(record, inputs, reads, marks)
+
+    def discard(self, marker: ir.Node) -> None:
+        """Forget the Function whose marker is ``marker`` (``discard``)."""
+        self.pending = [(function, record, inputs, reads, marks) for function, record, inputs, reads, marks
+                        in self.pending if all(m.value.producer() is not marker for m in marks)]
 
     @staticmethod
     def _write(record: dict, inputs: list, reads: list, marks: list) -> None:
