@@ -148,10 +148,10 @@ class FlatBuffer(BaseModel):
                orders: Mapping[str, list[int]] | None = None) -> dict[str, np.ndarray]:
         """Per-param arrays from the buffers ``pack`` made: views, but copies in the model's order
         of the params ``orders`` names (their pieces are in that order of axes)."""
-        out = {}
+        out, pieces, orders = {}, list(zip(self.offsets(), self.shapes)), orders or {}
         for buf, suffix in self.tensors():
-            for (p, offset, size), shape in zip(self.offsets(), self.shapes):
-                out[p + suffix] = _model_order(buffers[buf][offset:offset + size], shape, (orders or {}).get(p))
+            for (p, offset, size), shape in pieces:
+                out[p + suffix] = _model_order(buffers[buf][offset:offset + size], shape, orders.get(p))
         return out
 
 
