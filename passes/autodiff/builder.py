@@ -138,8 +138,9 @@ class GradBuilder(Emitter):
         self.functions: Mapping[ir.OperatorIdentifier, ir.Function] | None = None
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
-        # Expands ``_unexpanded`` read around; removed once the walk ends (``drop_unread_expands``)
-        self.unread_expands: list[ir.Node] = []
+        # Expands ``_unexpanded`` read around, each once in the order first read around (a dict as an
+        # ordered set: one Expand can be read around again); removed once the walk ends (``drop_unread_expands``)
+        self.unread_expands: dict[ir.Node, None] = {}
 
     def broadcast_from(self, dx: ir.Value, shape: StaticShape | None) -> ir.Value:
         """Mark ``dx`` as a gradient in the broadcast shape ``shape`` (None: known at run time
@@ -344,7 +345,7 @@ class GradBuilder(Emitter):
                     or (made_by is not None and made_by.op_type == "Shape" and not made_by.attributes
                         and static_shape(made_by.inputs[0]) == shape)):
                 out[i] = expand.inputs[0]
-                self.unread_expands.append(expand)
+                self.unread_expands[expand] = None
         return out
 
     def drop_unread_expands(self, results: Collection[ir.Value] = ()) -> None:
