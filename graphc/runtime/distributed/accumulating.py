@@ -5,6 +5,9 @@ epoch's last step what is left; ``step(batch)``: ``batch`` split by rows into ``
 global batch cut into the workers' shards as ``DistributedTrainer``'s. Every worker adds its
 shards' gradients, each times its weight (``averaging.shard_weight``), into sums it keeps
 (``local_sums``; PyTorch DDP's ``no_sync``): no gradient leaves a worker between micro-batches.
+A model with hooks or ``gc.autograd.Function``s (``accumulate.WEIGHT``) has its backward seeded with the
+shard's share of its worker's step instead (``_seed_shares``) and its gradients added as they come,
+so a hook sees the worker's local weighted gradient, as torch's under DDP's ``no_sync`` loop.
 After the last, the workers combine their sums once (``Replica.apply``: each reads every
 worker's, weighted by its share of the step's total weight) and the optimizer update runs once,
 so a step equals one process's ``accumulate=k`` step on the same micro-batches (and torch's
@@ -30,8 +33,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from graphc.passes.training.accumulate import WEIGHT
 from graphc.runtime.accumulating import AccumulatingTrainer, check_accumulable, checked_accumulate, counting
-from graphc.runtime.averaging import divisor
+from graphc.runtime.averaging import divisor, shard_weight
 from graphc.runtime.distributed.cluster import settled
 from graphc.runtime.distributed.trainer import DistributedTrainer
 
@@ -54,6 +58,7 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
     def _check_data_parallel(self) -> None:
         super()._check_data_parallel()
         check_accumulable(self.manifest, self.artifacts.gradients.proto, self.accumulate)
+        self._seeded = WEIGHT in {e.name for e in self.manifest.graphs["gradients"].inputs}
 
     step = AccumulatingTrainer.step  # the batch split into micro-batches, then this class's _step_on
 
@@ -68,6 +73,9 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
         for index, (messages, _) in enumerate(plans):
             for message in messages:
                 message.update(metrics=metrics, micro=(index, len(batches)))
+        if self._seeded:
+            self._seed_shares([feeds for _, feeds, _, _ in counted], [bounds for _, bounds in plans],
+                              [messages for messages, _ in plans])
         what = f"training step {self.step_count + 1}"
         with self._interrupts:
             # the first micro-batch's calls take a sharded update's new params (unsharded, none are pending)
@@ -89,6 +97,21 @@ class DistributedAccumulatingTrainer(DistributedTrainer):
             if metrics:
                 self._step_metrics = self._summed_metrics(batches, infos, plans)
             return sum(i["loss"] for part in infos for i in part) / total
+
+    def _seed_shares(self, feeds: list[dict], bounds: list[list[tuple[int, int]]], messages: list[list[dict]]) -> None:
+        """Give each worker's micro-batch messages (``messages``; the micro-batches' ``feeds`` cut at ``bounds``)
+        the ``share`` its backward is seeded with, its shard's weight (``averaging.shard_weight``) over the
+        ``divisor`` of the worker's total for the step, which ``LocalSums`` then adds at 1: torch's DDP rank
+        running ``(loss * shard_rows / its_step_rows).backward()`` under ``no_sync`` (a summed loss: 1)."""
+        loss = self.manifest.loss
+        label = loss.get("label")
+        weights = [[shard_weight(loss, {label: f[label][lo:hi]} if label in f else {}, hi - lo) for lo, hi in cut]
+                   for f, cut in zip(feeds, bounds)]
+        for rank in range(len(messages[0])):
+            total = sum(w[rank] for w in weights)
+            scale = divisor(loss, total) if total else 1.0  # every shard of the worker counts nothing
+            for w, parts in zip(weights, messages):
+                parts[rank].update(share=w[rank] / scale, divisor=scale)
 
     def _summed_metrics(self, batches: list, infos: list[list[dict]], plans: list) -> dict[str, float]:
         """The step's train metrics times its examples: each micro-batch's (``_joined_metrics``) added."""

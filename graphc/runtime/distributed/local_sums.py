@@ -19,7 +19,10 @@ class LocalSums:
     over the weights' total (the worker's mean over all its rows of the step) with that total as
     its weight, so the workers' weighted average is the mean over every row of the step's k
     global batches, as one process with ``accumulate=k``. A summed loss's shards weigh 1 and
-    its average divides by 1: the gradients just add up."""
+    its average divides by 1: the gradients just add up. Gradients of a backward seeded with
+    the shard's share (``divisor`` given: that of the worker's total weight for the step,
+    ``DistributedAccumulatingTrainer._seed_shares``) come weighted: they are added at 1, and
+    the sum times ``divisor`` over the total weight is the worker's mean."""
 
     def __init__(self) -> None:
         self._reset()
@@ -28,19 +31,22 @@ class LocalSums:
         self._sums: dict[str, np.ndarray] = {}
         self._terms: dict[str, np.ndarray] = {}  # a scratch buffer per gradient for grad * weight
         self._dtypes: dict[str, np.dtype] = {}
-        self._weight, self._seen = 0.0, False
+        self._weight, self._seen, self._divisor = 0.0, False, None
         self._stats: dict[str, Any] = {}
         self._touched: dict[str, np.ndarray] = {}
 
-    def add(self, part: Optional[Mapping[str, Any]], index: int, count: int) -> Optional[dict]:
+    def add(self, part: Optional[Mapping[str, Any]], index: int, count: int,
+            divisor: Optional[float] = None) -> Optional[dict]:
         """Add micro-batch ``index`` (of ``count``; 0 starts a step) given ``part``, the shard's
-        ``Replica._outputs`` gradients (None: an empty shard); after the last, return the step's
-        (None where every shard of this worker was empty)."""
+        ``Replica._outputs`` gradients (None: an empty shard; ``divisor``: seeded, see the class);
+        after the last, return the step's (None where every shard of this worker was empty)."""
         if index == 0:
             self._reset()
+        self._divisor = divisor
         if part is not None:
             self._seen = True
             self._weight += part["weight"]
+            factor = 1.0 if divisor is not None else part["weight"]
             self._stats = part["stats"] or self._stats  # rank 0's, after its latest micro-batch
             for name, flag in part["touched"].items():  # stepped where any micro-batch read it
                 self._touched[name] = np.logical_or(self._touched.get(name, False), flag)
@@ -50,11 +56,11 @@ class LocalSums:
                         self._dtypes[name] = grad.dtype
                         self._sums[name] = np.zeros(grad.shape, np.result_type(grad.dtype, np.float32))
                         self._terms[name] = np.empty_like(self._sums[name])
-                    self._sums[name] += np.multiply(grad, part["weight"], out=self._terms[name],
-                                                    dtype=self._sums[name].dtype)
+                    self._sums[name] += np.multiply(grad, factor, out=self._terms[name], dtype=self._sums[name].dtype)
         if index + 1 < count or not self._seen:
             return None
+        mean = self._weight if self._divisor is None else self._weight / self._divisor  # seeded mean loss: 1.0
         with np.errstate(over="ignore", invalid="ignore"):
-            grads = {name: (acc / self._weight).astype(self._dtypes[name], copy=False)
+            grads = {name: (acc / mean).astype(self._dtypes[name], copy=False)
                      for name, acc in self._sums.items()} if self._weight else {}
         return {"weight": self._weight, "grads": grads, "stats": self._stats, "touched": self._touched}

@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from graphc.compile.training import CARRIED_ROLES
+from graphc.passes.training.accumulate import WEIGHT
 from graphc.passes.training.weight_averaging import PREFIX
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
@@ -163,19 +164,23 @@ class Replica(ShardedUpdate):
         """``_started``, then this worker's gradients on its shard. Returns ({loss, weight},
         gradients); with ``metrics`` set, the first also holds the shard's train metrics
         (``_metrics``). A micro-batch of ``accumulate=k`` (``message["micro"]``: its index and k)
-        adds its gradients into the worker's ``LocalSums`` instead, returned after the last. A staged gradients graph runs by ``begin`` and ``advance`` instead, but for
-        an empty shard."""
+        adds its gradients into the worker's ``LocalSums`` instead, returned after the last (the
+        backward seeded with ``message["share"]`` where given). A staged gradients graph runs by
+        ``begin`` and ``advance`` instead, but for an empty shard."""
         shard, rows, renorm = self._started(message, gathered)
         info, grads = {"loss": 0.0, "weight": 0.0}, None
         if rows:
-            host, _ = self._grads.run_bound(self._grad_feeds(shard, renorm), self._wanted(message))
+            feeds = self._grad_feeds(shard, renorm)
+            if "share" in message:  # seeded with the shard's share of this worker's step (``LocalSums``)
+                feeds[WEIGHT] = np.asarray(message["share"], np.float64)
+            host, _ = self._grads.run_bound(feeds, self._wanted(message))
             info, grads = self._outputs(host, message, shard, rows)
         if "micro" not in message:
             return (info, *self._parts(grads))
         if grads is not None and grads["stats"]:  # rank 0's statistics, read by its next micro-batch
             self._take_stats(grads["stats"])
         index, count = message["micro"]
-        sums = self._sums.add(grads, index, count)
+        sums = self._sums.add(grads, index, count, message.get("divisor"))
         return (info, *self._parts(sums)) if index + 1 == count else (info, sums)
 
     def _started(self, message: Mapping[str, Any], gathered: tuple) -> tuple[dict, int, dict]:
