@@ -292,14 +292,17 @@ def squeeze(node: ir.Node, ins: Ins) -> list[Rows | None]:
 
 
 def product(dims: Sequence) -> Counter | None:
-    """A product of dims as a Counter of its symbols, and its int factor under ``1``; None if a dim
-    is unknown (or one shape inference made up, ``unk__3``, which stands for no known product)."""
+    """A product of dims (a product's items among them) as a Counter of its symbols, and its int factor
+    under ``1``; None if a dim is unknown (or one shape inference made up, ``unk__3``, which stands for no
+    known product)."""
     out: Counter = Counter({1: 1})
     for d in dims:
         if d is None or isinstance(d, str) and d.startswith("unk__"):
             return None
         if isinstance(d, str) and "*" in d:  # the dynamo exporter's "3*N"
             d = product([int(f) if f.strip().isdigit() else f.strip() for f in d.split("*")])
+        if isinstance(d, frozenset):
+            d = Counter(dict(d))
         if isinstance(d, Counter):
             out.update({s: n for s, n in d.items() if s != 1})
             out[1] *= d[1]

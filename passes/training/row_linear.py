@@ -18,65 +18,11 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.training.row_axes import RULES, Mixes, Rows, constant, int_attr, norm_axis, product, rank_of
+from graphc.passes.training.row_extents import extent, size_of
 from graphc.passes.training.row_positions import INTS, Fact, Linear, Own, rule
 from graphc.passes.training.row_shapes import shape_of
 
-__all__ = ["extent", "size_of"]
-
-SIZE_MOVES = ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape")  # one element in, the same one out
-
-
-def size_of(value: ir.Value) -> Counter | None:
-    """A one-element integer the shapes give before the model runs, as ``product``'s Counter: a positive
-    constant, an element of a ``Shape``, a product of such; else None."""
-    shape = shape_of(value)
-    if shape is None or any(d != 1 for d in shape):
-        return None
-    array = constant(value)
-    if array is not None:
-        n = int(np.asarray(array).reshape(-1)[0])
-        return Counter({1: n}) if n > 0 else None
-    node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx"):
-        return None
-    if node.op_type in SIZE_MOVES:
-        return size_of(node.inputs[0])
-    if node.op_type == "Mul":
-        a, b = (size_of(v) for v in node.inputs)
-        return None if a is None or b is None else product([a, b])
-    source = node.inputs[0].producer() if node.op_type == "Gather" else None
-    if source is None or source.op_type != "Shape" or (dims := shape_of(source.inputs[0])) is None:
-        return None
-    index, start = constant(node.inputs[1]), int_attr(source, "start", 0)
-    if index is None or start != 0 or int_attr(source, "end", len(dims)) != len(dims):
-        return None
-    at = int(np.asarray(index).reshape(-1)[0])
-    return product([dims[at]]) if -len(dims) <= at < len(dims) else None
-
-
-def extent(value: ir.Value, axis: int) -> Counter | None:
-    """The length of ``value``'s ``axis`` as ``product``'s Counter: from its shape, or where that is unknown
-    (onnx's inference names ``N * 3`` anew) from the shape a ``Flatten`` flattens, or a ``Reshape`` to a
-    constant shape whose -1 is ``axis`` takes."""
-    shape = shape_of(value)
-    known = product([shape[axis]]) if shape is not None and axis < len(shape) else None
-    node = value.producer()
-    before = shape_of(node.inputs[0]) if known is None and node is not None else None
-    if before is None or node.op_type not in ("Flatten", "Reshape"):
-        return known
-    if node.op_type == "Flatten":
-        at = norm_axis(int_attr(node, "axis", 1), len(before))
-        return product(before[:at] if axis == 0 else before[at:]) if axis < 2 else None
-    after = constant(node.inputs[1])
-    after = None if after is None or int_attr(node, "allowzero", 0) else [int(d) for d in np.asarray(after).reshape(-1)]
-    if after is None or axis >= len(after) or after[axis] != -1 or any(d < 1 for i, d in enumerate(after) if i != axis):
-        return None
-    whole, rest = product(before), int(np.prod([d for i, d in enumerate(after) if i != axis]))
-    if whole is None or whole[1] % rest:
-        return None
-    whole[1] //= rest
-    return whole
-
+__all__: list[str] = []
 
 def _stride(fact: Fact) -> Counter | None:
     """The stride of a position a size may scale: a plain one's 1, an unshifted flat index's own."""
@@ -99,7 +45,7 @@ def _scaled(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
         return None
     own, size = facts[at], size_of(node.inputs[1 - at])
     axis = _placed(node, at, own.axis)
-    if size is None or axis is None or own.length in size:
+    if size is None or axis is None or set(product([own.length]) or {None}) & set(size) - {1}:
         return None
     return [Linear(axis, own.length, frozenset(product([_stride(own), size]).items()))]
 

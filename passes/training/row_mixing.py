@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from graphc.passes.training import row_axes_select, row_linear  # noqa: F401 - register their rules
+from graphc.passes.training import row_axes_select, row_linear, row_merged  # noqa: F401 - register their rules
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
 from graphc.passes.training.row_counts import Counted, bare, counted, reaching
+from graphc.passes.training.row_extents import BATCH
 from graphc.passes.training.row_positions import Fact, plain, positions
-from graphc.passes.training.row_shapes import SHAPES, BodyShapes
+from graphc.passes.training.row_shapes import SHAPES, BodyShapes, shape_of
 from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
 from graphc.passes.values import SYNC_BATCHNORM_KEY, needed_values
 
@@ -50,16 +51,21 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     BatchNormalization is per row here (its batch statistics are per worker, documented, as
     PyTorch DDP); so are a SyncBatchNorm's statistics without running ones (the nodes marked "mean"
     and "variance"): the workers' gradients graph takes them over every worker's shard. Each node
-    that makes rows mix is reported once; its outputs, mixed, are not followed further."""
+    that makes rows mix is reported once; its outputs, mixed, are not followed further. A count that leaves a
+    subgraph is reported there, at the node that first read it, and not again by the Loop, Scan or If
+    or the nodes that read what they compute from it."""
     target = next((v for v in graph.outputs if v.name == output), None)
     if target is None:
         raise ValueError(f"{output!r} is not an output of the graph; outputs: {[v.name for v in graph.outputs]}")
     found = _Found({}, {})
     rows = {v: Rows(batched[v.name]) for v in graph.inputs if v.name in batched}
     token = SHAPES.set(BodyShapes(graph.opset_imports))
+    names = BATCH.set(frozenset(shape[r.axis] for v, r in rows.items()
+                                if (shape := shape_of(v)) is not None and r.axis < len(shape)))
     try:
         _walk(graph, rows, [target], (), found)
     finally:
+        BATCH.reset(names)
         SHAPES.reset(token)
     return list(found.nodes.values())
 
@@ -89,6 +95,10 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact | Counted], outpu
         reads = subgraph_reads.get(node)
         if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED:
             continue
+        told = next((f for f in facts if isinstance(f, Counted) and f.origin in found.nodes), None)
+        if told is not None:  # from a count reported where it left a subgraph: not reported again
+            rows.update(dict.fromkeys(node.outputs, told))
+            continue
         outs = positions(node, [bare(f) for f in facts])
         count = counted(node, facts, outs is not None, where)
         if outs is None:
@@ -104,7 +114,7 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Fact | Counted], outpu
         count = reaching(value, rows.get(value), where) if not where or isinstance(rows.get(value), Counted) else None
         if count is not None:
             found.nodes.setdefault(count.origin, Mixing(count.origin, f"{count.why}{_inside(count.where)}"))
-    return [bare(rows.get(v)) for v in outputs]
+    return [f if isinstance(f, Counted) and f.origin in found.nodes else bare(f) for f in map(rows.get, outputs)]
 
 
 def _inside(where: tuple[str, ...]) -> str:

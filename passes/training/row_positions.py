@@ -7,8 +7,9 @@ outputs' facts, or None where it does not apply (the ``row_axes`` rules then see
 position shifted, permuted or computed (``(b + 1) % N``, a flip) is no fact here: indexing rows by it
 mixes, as before, and ``row_counts`` reports a position or a count read as a value. A shape's other
 elements (``x.shape[1]``) and a position times zeros are no fact either. ``row_linear`` adds the flat index
-torch.onnx's TorchScript exporter writes for ``z[torch.arange(B), y]`` (``Linear``); an op may have more than
-one rule: the first that applies gives its outputs' facts."""
+torch.onnx's TorchScript exporter writes for ``z[torch.arange(B), y]`` (``Linear``), ``row_merged`` the batch axis
+merged with time (``arange(N * T)``); an op may have more than one rule: the first that applies gives its outputs'
+facts."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.training.row_axes import RULES, Mixes, Rows, constant, int_attr, norm_axis, rank_of
+from graphc.passes.training.row_extents import extent, same_length
 from graphc.passes.training.row_shapes import shape_of
 
 __all__ = ["POSITIONS", "Dims", "Linear", "Own", "plain", "positions", "rule"]
@@ -27,10 +29,11 @@ __all__ = ["POSITIONS", "Dims", "Linear", "Own", "plain", "positions", "rule"]
 @dataclass(frozen=True)
 class Dims:
     """An integer vector (or one element) whose element ``at`` is the length of a batch axis, ``length``
-    (the dim's name in the model's shapes): a ``Shape`` of a value by rows, sliced or gathered."""
+    (the dim's name in the model's shapes, or a product's items: ``row_merged``'s ``N * T``): a ``Shape`` of
+    a value by rows or of a position, sliced, gathered or concatenated."""
 
     at: int
-    length: str | int
+    length: str | int | frozenset
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Own:
     Rows the others carry (a label's), which the ``row_axes`` rules see."""
 
     axis: int
-    length: str | int
+    length: str | int | frozenset
     parts: tuple[bool, ...] | None = None
     rows: Rows | None = None
 
@@ -56,7 +59,7 @@ class Linear:
     elements, each row's ``stride`` in turn, by it picks from each row's own block."""
 
     axis: int
-    length: str | int
+    length: str | int | frozenset
     stride: frozenset
     offset: bool = False
     rows: Rows | None = None
@@ -104,11 +107,16 @@ def _own(fact: Fact) -> Own | None:
 # -- the row count -----------------------------------------------------------------------------------
 @rule("Shape")
 def _shape(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """The shape of a value by rows (its batch axis' length named), or of positions (their count's)."""
     r, shape = facts[0], shape_of(node.inputs[0])
-    if not isinstance(r, Rows) or r.copies != 1 or shape is None or not _named(shape[r.axis]):
+    if isinstance(r, (Own, Linear)) and shape is not None:
+        axis, length = r.axis, r.length
+    elif isinstance(r, Rows) and r.copies == 1 and shape is not None and _named(shape[r.axis]):
+        axis, length = r.axis, shape[r.axis]
+    else:
         return None
     start, end = _span(node, len(shape))
-    return [Dims(r.axis - start, shape[r.axis])] if start <= r.axis < end else None
+    return [Dims(axis - start, length)] if start <= axis < end else None
 
 
 def _span(node: ir.Node, rank: int) -> tuple[int, int]:
@@ -243,6 +251,16 @@ def _times_zero(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
 
 
 @rule("Concat")
+def _shape_vector(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
+    """Shape vectors joined (``x.reshape(N, T)``'s): the count where the first one holding it lands."""
+    at = next((i for i, f in enumerate(facts) if isinstance(f, Dims)), None)
+    if at is None or any(plain(f) is not None for f in facts) or rank_of(node.outputs[0]) != 1:
+        return None
+    before = [_length(v) for v in node.inputs[:at]]
+    return None if None in before else [Dims(sum(before) + facts[at].at, facts[at].length)]
+
+
+@rule("Concat")
 def _concat(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     """Indices stacked along a last axis of 1 into GatherND's tuples: one position, the others by the
     same rows (a label's) or by none."""
@@ -276,8 +294,7 @@ def _gather_nd(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
 
 def _spans(value: ir.Value, data: Rows, own: Own) -> bool:
     """Whether the positions ``own`` run over the whole of ``value``'s batch axis (the same length)."""
-    shape = shape_of(value)
-    return shape is not None and shape[data.axis] == own.length
+    return same_length(extent(value, data.axis), own.length)
 
 
 @rule("Gather")
