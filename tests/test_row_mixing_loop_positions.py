@@ -3,7 +3,8 @@ the body's inputs, a position carried unchanged picks each row's own there or af
 ``gc.DataParallelWarning``; before, the Loop or Scan itself was named as computing per-shard positions), a scan
 over time with per-row state and a per-row pick each step warns not; a position changed by an iteration, a scan
 over the positions (a cumulative sum over the batch) or over the batch, and positions read as a value after the
-loop are named. torch's scan exported by the dynamo exporter alike."""
+loop are named; a position flipped in the body once, where it is flipped. torch's scan exported by the dynamo
+exporter alike."""
 
 from __future__ import annotations
 
@@ -51,8 +52,7 @@ class _Carried(nn.Module):
 
 KEEPS = ["carried_pick", "scan_over_time_pick", "scan_over_time_carried_pick"]
 # kind: (the op types named, a message's start)
-MIXES = {"carried_flip": ("Loop", "its carried value '[^']+' \\(before an iteration vs after it\\) holds the batch's "
-                                  "positions or size one way"),
+MIXES = {"carried_flip": ("Slice", "it computes per-shard positions: .* \\(inside the body of Loop '[^']+'\\)$"),
          "carried_value": ("Cast", "it computes per-shard positions"),
          "scan_positions_cumsum": ("Scan", "it scans '[^']+' \\(the batch's positions\\) along their axis 0: each "
                                            "iteration sees one row"),
@@ -76,6 +76,12 @@ def test_positions_carried_or_captured_for_a_per_row_pick_warn_not(kind):
 def test_positions_changed_or_scanned_in_a_loop_are_named(kind):
     op, why = MIXES[kind]
     assert any(re.match(f"{op}: {why}", m) for m in _mixes(kind)), _mixes(kind)
+
+
+def test_a_flipped_carried_position_is_named_once_where_it_is_flipped():
+    """Not again by the Loop that carries it out (positions one way, a reported count the other) or by the
+    GatherND that picks by it."""
+    assert [m.split(":")[0] for m in _mixes("carried_flip")] == ["Slice"]
 
 
 @pytest.mark.parametrize(("kind", "found"), [("per_row_pick", []), ("batch_cumsum", ["Scan"])])

@@ -21,6 +21,7 @@ from dataclasses import replace
 import onnx_ir as ir
 
 from graphc.passes.training.row_axes import Mixes, Rows, norm_axis, rank_of
+from graphc.passes.training.row_counts import Counted
 from graphc.passes.training.row_positions import Fact, Own
 
 __all__ = ["Body", "SUBGRAPH_RULES"]
@@ -39,9 +40,12 @@ def _text(r: Fact) -> str:
 
 
 def _join(a: Fact, b: Fact, what: str) -> Fact:
-    """Rows joined with None are those rows; a position or size only with itself."""
-    if a == b or a is None and isinstance(b, Rows):
+    """Rows joined with None are those rows; a position or size only with itself; a count reported in the
+    body (``Counted``) with anything is that count."""
+    if a == b or a is None and isinstance(b, Rows) or isinstance(b, Counted):
         return b
+    if isinstance(a, Counted):
+        return a
     if b is None and isinstance(a, Rows):
         return a
     raise Mixes(f"{what} holds {_text(a)} one way and {_text(b)} the other")
@@ -85,8 +89,8 @@ def _iterate(body: Body, bound: dict[ir.Value, Fact], carried: Sequence[ir.Value
 def _moved(r: Fact, what: str, *, stacked: int | None = None, sliced: int | None = None) -> Fact:
     """``r`` (rows or a position) in a value that stacks it along a new axis ``stacked`` (a Loop's or Scan's
     scanned output), or in a slice along ``sliced`` (a scan input's, an axis not its own)."""
-    if r is None:
-        return None
+    if r is None or isinstance(r, Counted):
+        return r
     if not isinstance(r, Rows) and not (isinstance(r, Own) and r.parts is None):
         raise Mixes(f"{what} holds the batch's size or flat positions, which it cannot follow")
     axis = r.axis + (stacked <= r.axis if stacked is not None else -(sliced < r.axis))
