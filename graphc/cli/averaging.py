@@ -9,10 +9,8 @@ from typing import Optional
 
 from graphc.errors import did_you_mean
 
-# --averaged KIND -> the gc.optim.swa_utils function building it (get_<KIND>_avg_fn), and whether
-# AveragedModel takes it as multi_avg_fn
-KINDS = {"swa": ("get_swa_avg_fn", False), "swa_multi": ("get_swa_multi_avg_fn", True),
-         "ema": ("get_ema_avg_fn", False), "ema_multi": ("get_ema_multi_avg_fn", True)}
+# --averaged KIND, each built by gc.optim.swa_utils.get_<KIND>_avg_fn (the order the error lists them in)
+KINDS = ("swa", "swa_multi", "ema", "ema_multi")
 
 
 def model_default(name: str):
@@ -46,7 +44,6 @@ def averaged_model(text: Optional[str], start: Optional[int], every: Optional[in
     if kind not in KINDS:
         raise ValueError(f"unknown --averaged kind {kind!r}; choose one of {', '.join(KINDS)}"
                          f"{did_you_mean(kind, KINDS)}")
-    function, multi = KINDS[kind]
     if colon and kind.startswith("swa"):
         raise ValueError(f"--averaged {kind} takes no decay (the running mean weighs step n by 1/(n+1)), "
                          f"got {text!r}; ema:DECAY takes one")
@@ -57,11 +54,11 @@ def averaged_model(text: Optional[str], start: Optional[int], every: Optional[in
         except ValueError:
             raise ValueError(f"--averaged {kind}:DECAY: DECAY must be a number in [0, 1], got {decay!r}") from None
     try:
-        fn = getattr(swa_utils, function)(*args)
+        fn = getattr(swa_utils, f"get_{kind}_avg_fn")(*args)
     except ValueError as e:  # the decay's range, as torch words it
         raise ValueError(f"--averaged {kind}:DECAY: {e}") from None
     options = {"start": start, "every": every}
-    return swa_utils.AveragedModel(**{"multi_avg_fn" if multi else "avg_fn": fn}, use_buffers=buffers,
+    return swa_utils.AveragedModel(**{"multi_avg_fn" if fn.multi else "avg_fn": fn}, use_buffers=buffers,
                                    **{k: v for k, v in options.items() if v is not None})
 
 
