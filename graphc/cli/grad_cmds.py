@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from graphc.cli import averaging
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
+from graphc.cli.inspect_training import scaling_text
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.compile.losses import KINDS as LOSS_KINDS
@@ -249,7 +250,7 @@ def grad_cmd(
     console.print(escape(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
                   f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}"
-                  f"{batchnorms}{_scaling(m.loss_scale)}"
+                  f"{batchnorms}{'' if m.loss_scale is None else f'; {scaling_text(m.loss_scale)}'}"
                   f"{'' if m.autocast is None else f'; autocast {m.autocast}'}{_averaged(m.averaging)}"),
                   highlight=False, soft_wrap=True)
     console.print(escape(f"trainable: {_listing(m.trainable)}"), highlight=False, soft_wrap=True)
@@ -298,11 +299,6 @@ def _batchnorms(model, mode: str) -> str:
 def _averaged(spec: Optional[dict]) -> str:
     """``; averaged ema decay=0.9 from step 1 (...)`` for the summary line (empty without averaging)."""
     return "" if spec is None else f"; averaged {averaging.described(spec)} (graphc export --averaged writes it)"
-
-
-def _scaling(spec: Optional[dict]) -> str:
-    """``; loss scale dynamic from 65536`` for the summary line (empty without loss scaling)."""
-    return "" if spec is None else f"; loss scale {spec['kind']} from {spec['init_scale']:g}"
 
 
 def _weighted(spec) -> str:

@@ -82,6 +82,12 @@ def artifacts_facts(path: Path) -> dict:
             "graphs": {key: entry.file for key, entry in m.graphs.items()}}
 
 
+def scaling_text(spec: dict) -> str:
+    """``loss scale dynamic from 65536``: the manifest's loss scaling as `graphc inspect` and grad's
+    summary line say it."""
+    return f"loss scale {spec['kind']} from {spec['init_scale']:g}"
+
+
 def describe_artifacts(f: dict, console: Console) -> None:
     """``artifacts_facts`` as `graphc inspect` prints them."""
     loss, optimizer, params = f["loss"], f["optimizer"], f["params"]
@@ -96,7 +102,7 @@ def describe_artifacts(f: dict, console: Console) -> None:
     if f["loss_scale"] is not None or f["autocast"] is not None:
         scale = f["loss_scale"]
         said.append("precision: " + "; ".join(
-            ([] if scale is None else [f"loss scale {scale['kind']} from {scale['init_scale']:g}"])
+            ([] if scale is None else [scaling_text(scale)])
             + ([] if f["autocast"] is None else [f"autocast {f['autocast']}"])))
     if f["averaging"] is not None:
         said.append(f"weight averaging: {described(f['averaging'])}; an averaged copy of {f['averaging']['copies']} "
