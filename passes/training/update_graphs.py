@@ -14,16 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
+
 from graphc.passes.emit import Emitter
-from graphc.passes.training import (
-    broadcasts,
-    clipping,
-    flat,
-    guarded_params,
-    loss_scaling,
-    optimizers,
-    param_selection,
-)
+from graphc.passes.training import broadcasts, clipping, flat, guarded_params, loss_scaling, optimizers, param_selection
 from graphc.passes.training.artifacts import GRAD_NORM, append_optimizer, slots_of, tidy
 from graphc.passes.training.graph_outputs import expose, input_with_default, set_outputs
 
