@@ -51,7 +51,9 @@ class Executable(Protocol):
         ...
 
     def to_host(self, handle: Any) -> np.ndarray:
-        """Copy a handle back to a host array."""
+        """A handle's contents as a host array. Not necessarily a copy: onnxruntime's is a view of
+        the handle's memory (garbage once the handle is freed), numpy's the handle itself, so a
+        caller keeping it past the handle copies it (``replica_shards``, ``Trainer._host``)."""
         ...
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
