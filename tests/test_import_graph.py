@@ -20,7 +20,7 @@ PACKAGES = {"graphc": "graphc", "passes": "graphc.passes", "backends": "graphc.b
 
 # The DSL's layers, lowest first: a module may import modules of its own layer or of lower ones.
 # A new module of graphc/dsl/ is a function module unless named here; every graphc.nn module is nn.
-LOWEST = [("builder", {"graphc.dsl.builder", "graphc.dsl.eager", "graphc.dsl.seeding"}),
+LOWEST = [("builder", {"graphc.dsl.builder", "graphc.dsl.eager", "graphc.dsl.seeding", "graphc.dsl.sources"}),
           ("tensor", {"graphc.dsl.tensor"})]
 TOP = ("capture", {"graphc.dsl.capture"})
 

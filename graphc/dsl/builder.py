@@ -13,16 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import importlib.util
 import itertools
-import os
-import sys
-import sysconfig
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +23,7 @@ import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
 from graphc.dsl import seeding
+from graphc.dsl.sources import user_source
 from graphc.errors import CaptureError, GraphError
 from graphc.model import EMITTED_OPSETS
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
@@ -37,68 +31,12 @@ from graphc.passes.emit import make_node
 from graphc.passes.infer import InferenceError, infer, takes_widened
 from graphc.passes.values import STOP_GRADIENT_KEY, static_shape
 
-_PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
-
-
-def _own_dirs() -> tuple[str, ...]:
-    """The graphc package's folder and those of its subpackages that lie elsewhere: an editable
-    install maps ``graphc.passes`` and ``graphc.backends`` to the repository's ``passes/`` and
-    ``backends/`` (a wheel holds them inside the package)."""
-    found = {_PKG_DIR}
-    for name in ("graphc.passes", "graphc.backends"):
-        spec = importlib.util.find_spec(name)
-        found.update(str(Path(p).resolve()) + os.sep for p in (spec.submodule_search_locations or [] if spec else []))
-    return tuple(sorted(found))
-
-
-# Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
-# ``Tensor.__array_function__`` from numpy's Python wrappers).
-_NOT_USER = (*_own_dirs(), str(Path(np.__file__).resolve().parent) + os.sep)
-# Python's own and installed libraries: where user code calls them, the user's line is the call
-_LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
-                           for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 # The captures running in this thread / asyncio task, the innermost last (torch keeps its state per thread)
 _CURRENT: contextvars.ContextVar[tuple["Builder", ...]] = contextvars.ContextVar("graphc_builders", default=())
 _NARROW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # this thread's / task's Builder for ops outside any capture (``Outside``), made on first use
 _OUTSIDE: contextvars.ContextVar["Outside | None"] = contextvars.ContextVar("graphc_outside", default=None)
 _OUTSIDE_KEY = "graphc.outside"  # an ir.Value's meta key: computed by an Outside Builder
-
-
-def user_source() -> str:
-    """``file.py:LINE`` of the innermost frame outside the graphc package (the user's code)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER):
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>:0"
-    return f"{_display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-def called_from_graphc(depth: int = 1) -> bool:
-    """Whether the frame ``depth`` levels above the caller is graphc's own code (or numpy's), not the user's."""
-    return sys._getframe(depth + 1).f_code.co_filename.startswith(_NOT_USER)
-
-
-def raised_at(exc: BaseException) -> str:
-    """``file.py:LINE`` where ``exc`` was raised in the user's code: the innermost frame of its
-    traceback outside graphc and numpy, and outside Python's own and installed libraries when
-    the user's code called one (``json.loads`` raising); graphc's own innermost frame when no user
-    code is on the way (a layer's defect); ``<unknown>:0`` when there is no traceback."""
-    frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
-    user = [f for f in frames if not f[0].startswith(_NOT_USER)]
-    own = [f for f in user if not os.path.realpath(f[0]).startswith(_LIBRARIES)] or user or frames
-    return f"{_display_path(own[-1][0])}:{own[-1][1]}" if own else "<unknown>:0"
-
-
-@functools.lru_cache(maxsize=1024)
-def _display_path(filename: str) -> str:
-    """Relative to the working directory when below it, else as given."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # other drive on Windows
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 def active() -> "Builder | None":

@@ -15,8 +15,9 @@ from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators befor
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops, renorm
-from graphc.dsl.builder import Builder, raised_at
+from graphc.dsl.builder import Builder
 from graphc.dsl.complex_ops import pair
+from graphc.dsl.sources import raised_at
 from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.model.dtypes import COMPLEX_PARTS, TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import called_from_graphc, current, user_source
+from graphc.dsl.builder import current
 from graphc.dsl.ops import checked_int, const_i64, dim_read, int64_vector, lift
+from graphc.dsl.sources import called_from_graphc, user_source
 from graphc.dsl.tensor import DimName, Tensor
 from graphc.errors import CaptureError
 
