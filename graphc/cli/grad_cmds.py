@@ -224,6 +224,7 @@ def grad_cmd(
     Writes the train_step, gradients, eval and inference graphs, the initial state and a
     manifest into the -o directory."""
     import graphc as gc
+    from graphc.dsl.sources import on_behalf_of
 
     output = chosen_output(output, out, folder=True)
     if grad_norm_type is not None and max_grad_norm is None:
@@ -242,9 +243,10 @@ def grad_cmd(
     averaged_model = averaging.averaged_model(averaged, averaged_start, averaged_every, averaged_buffers)
     loaded = gc.load(model)
     batchnorms = _batchnorms(loaded, batchnorm)  # before generate, which may rewrite the graph
-    arts = gc.training.generate(loaded, spec, opt, frozen=freeze, recompute=recompute, params=param,
-                                batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
-                                scheduled=scheduled, autocast=autocast, averaged=averaged_model)
+    with on_behalf_of(f"graphc grad --loss {loss}"):  # the loss's nodes' source, not typer's line that called this
+        arts = gc.training.generate(loaded, spec, opt, frozen=freeze, recompute=recompute, params=param,
+                                    batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
+                                    scheduled=scheduled, autocast=autocast, averaged=averaged_model)
     wrote(arts.save(output))
     m = arts.manifest
     console.print(escape(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "

@@ -99,6 +99,7 @@ def capture_cmd(
     """
     import graphc as gc
     from graphc.dsl.capture import check_input_names
+    from graphc.dsl.sources import on_behalf_of
     from graphc.model.dtypes import parse_spec
 
     output = chosen_output(output, out, file="model.onnx")
@@ -113,7 +114,8 @@ def capture_cmd(
     fn = resolve_capturable(load_object(target), target)
     check_input_names(fn, list(specs))
     start = time.perf_counter()
-    model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
+    with on_behalf_of(f"graphc capture {target}"):  # graphc's modules' nodes' source; FILE.py's code names its lines
+        model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
     elapsed = time.perf_counter() - start
     wrote(model.save(output))
     console.print(f"captured [bold]{escape(model.name)}[/] in {elapsed * 1000:.0f} ms: {len(model.ir.graph)} nodes, "

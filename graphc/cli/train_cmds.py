@@ -447,8 +447,10 @@ def demo_cmd(
 
     Captures, trains and exports the two-layer net, then checks parity."""
     from graphc.cli.demo import run_demo
+    from graphc.dsl.sources import on_behalf_of
 
-    result = run_demo(chosen_output(output, out, Path("demo_out"), folder=True), backend=backend, epochs=epochs,
-                      progress=progress, seed=seed, console=console)
+    with on_behalf_of("graphc demo"):  # the nodes' source, not typer's line that called this
+        result = run_demo(chosen_output(output, out, Path("demo_out"), folder=True), backend=backend, epochs=epochs,
+                          progress=progress, seed=seed, console=console)
     if not result.ok:
         raise typer.Exit(1)
