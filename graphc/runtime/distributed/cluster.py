@@ -2,12 +2,15 @@
 
 Ray is optional (``pip install "graphc[ray]"``); nothing here imports it before it is needed.
 A cluster graphc starts itself (no address, none running) serves this machine only: it binds to
-127.0.0.1, runs no dashboard and reports no usage statistics.
+127.0.0.1, runs no dashboard and reports no usage statistics; its start is quiet (Ray logs only
+errors while it starts: not its INFO lines, nor its WARNING that token authentication, its
+default, is on), and Ray's driver logs warnings and errors after it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -54,7 +57,10 @@ def connect(address: Optional[str], feature: str):
             _probe(address)
         try:
             if address is None:
-                ray.init(include_dashboard=False, log_to_driver=False)
+                try:
+                    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+                finally:
+                    logging.getLogger("ray").setLevel(logging.WARNING)
             else:
                 ray.init(address=address, log_to_driver=False)
         except Exception as exc:  # noqa: BLE001 - Ray raises bare Exceptions (a raylet that did not start)
