@@ -197,6 +197,58 @@ def test_full_hooks_see_none_for_arguments_without_a_gradient():
     assert seen == [[False, True, True, False, True]]
 
 
+def _two_outputs(lib, seen):
+    """A module of two outputs whose second the loss does not read; hooks that say which ``grad_output`` is None,
+    a pre-hook scaling the first (and returning None for the second), a full hook mixing it into ``grad_input``."""
+    def pre(module, grad_output):
+        seen.append(("pre", [g is None for g in grad_output]))
+        return grad_output[0] * 3.0, None
+
+    def full(module, grad_input, grad_output):
+        seen.append(("full", [g is None for g in grad_output]))
+        return (grad_input[0] * 0.5 + grad_output[0].sum() * 0.01,)
+
+    class Two(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = lib.nn.Linear(3, 2)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h * 2.0, lib.sin(h)
+
+    class Net(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.two, self.out = Two(), lib.nn.Linear(2, 1)
+            self.two.register_full_backward_pre_hook(pre)
+            self.two.register_full_backward_hook(full)
+
+        def forward(self, x):
+            used, unused = self.two(x)
+            unread, _ = self.two(x)  # a call none of whose outputs reaches the loss: torch calls no hook
+            return self.out(lib.tanh(used))
+
+    return Net
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hooks_get_none_for_an_output_that_reaches_no_graph_output(backend):
+    """torch's: None in ``grad_output`` where an output has no gradient, no call where none has; graphc takes
+    "reaches a graph output" for torch's "reaches the loss"."""
+    seen, want = [], []
+    net = _two_outputs(gc, seen)().double()
+    model = gc.capture(lambda x: {"loss": (net(x) ** 2).sum()}, x=gc.spec("float64", ("N", 3)))
+    twin = _two_outputs(torch, want)().double()
+    twin.load_state_dict({k: torch.tensor(v) for k, v in net.state_dict().items()})
+    x = RNG.normal(size=(5, 3))
+    tx = torch.tensor(x, requires_grad=True)
+    (twin(tx) ** 2).sum().backward()
+    assert seen == want == [("pre", [False, True]), ("full", [False, True])]
+    out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend=backend).run({"x": x})
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("returned, message", [
     ("count", r"Linear's full backward hook \S*<lambda> \(test_backward_hooks.py line \d+\) returned an invalid "
               r"number of gradients, got 2, but expected 1"),

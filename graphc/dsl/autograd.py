@@ -88,9 +88,21 @@ class Function:
 
 def backwards(builder: Builder) -> dict[ir.OperatorIdentifier, ir.Function]:
     """The backwards of the Functions applied so far in ``builder``'s capture, by identifier: what
-    ``gc.autograd.grad`` and ``gc.func``'s transforms differentiate a Function's region by."""
+    ``gc.autograd.grad`` and ``gc.func``'s transforms differentiate a Function's region by (a deferred backward
+    captured now, given every output's gradient)."""
     finisher = builder.finishers.get(_FUNCTIONS_KEY)
-    return {} if finisher is None else {function.identifier(): function for function, *_ in finisher.pending}
+    if finisher is None:
+        return {}
+    finisher.settle(None)
+    return {function.identifier(): function for function, *_ in finisher.pending}
+
+
+def settle(builder: Builder, outputs: list[ir.Value]) -> None:
+    """The capture's graph ``outputs`` known: capture the deferred backwards, each given None for an output of its
+    Function that reaches none of ``outputs``, through the forward or a later Function's gradient."""
+    finisher = builder.finishers.get(_FUNCTIONS_KEY)
+    if finisher is not None:
+        finisher.settle(_ancestors(outputs, set()))
 
 
 def rebind(builder: Builder, old: ir.Value, new: ir.Value) -> None:
@@ -136,7 +148,11 @@ def _apply(cls: type, args: tuple, source: str) -> Any:
     own = {i: _mark(outputs[i]) if marked[i] else ops.detach(outputs[i]) if outputs[i].dtype in FLOAT_DTYPES
            else outputs[i] for i in sorted(last.values())}
     marks = [own[last[id(o.value)]] for o in outputs]
-    _Backward(cls, ctx, builder, name, source, args, outputs, marked).capture(marks)
+    backward = _Backward(cls, ctx, builder, name, source, args, outputs, marked)
+    if getattr(cls, "_deferred", False) and len(builder.scopes) == 1:
+        builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).defer(backward, marks)
+    else:
+        backward.capture(marks)
     return tuple(marks) if isinstance(result, tuple) else marks[0]
 
 
@@ -167,8 +183,10 @@ class _Backward:
         line = getattr(getattr(cls.backward, "__code__", None), "co_firstlineno", "?")
         self.backward_at = f"{cls.__name__}.backward (line {line})"
 
-    def capture(self, marks: list[Tensor]) -> None:
-        """Capture backward as a function; register it and the region's record with the capture's finisher."""
+    def capture(self, marks: list[Tensor], reached: set[ir.Value] | None = None) -> None:
+        """Capture backward as a function; register it and the region's record with the capture's finisher.
+        ``reached``: the values that reach the graph's outputs; a marked output not among them gets None (None:
+        every marked output gets its gradient)."""
         builder = self.builder
         params = [builder.new_value(builder.unique(f"{self.name}.grad"), o.dtype, static_shape(o.value))
                   for o, m in zip(self.outputs, self.marked) if m]
@@ -176,9 +194,10 @@ class _Backward:
         try:
             with builder.subgraph() as scope:
                 scope.backward_of = self.where
-                it = iter(params)
-                grads = [Tensor(next(it)) if m else zeros_like(o) if o.dtype in FLOAT_DTYPES else None
-                         for o, m in zip(self.outputs, self.marked)]
+                given = dict(zip((i for i, m in enumerate(self.marked) if m), params))
+                grads = [(None if reached is not None and marks[i].value not in reached else Tensor(given[i]))
+                         if i in given else zeros_like(o) if o.dtype in FLOAT_DTYPES else None
+                         for i, o in enumerate(self.outputs)]
                 gradients = self._checked(self.cls.backward(self.ctx, *grads))
                 made = {id(v) for node in scope.nodes for v in node.outputs}
                 returned = [(i, g if id(g.value) in made else ops.emit("Identity", [g])) for i, g in gradients]
@@ -228,6 +247,26 @@ def _differ(want: tuple, got: tuple) -> bool:
                                         for a, b in zip(want, got))
 
 
+def _ancestors(values: list[ir.Value], seen: set[ir.Value]) -> set[ir.Value]:
+    """``seen`` with ``values`` and every value they are computed from (read inside a subgraph too)."""
+    stack = [v for v in values if v not in seen]
+    seen.update(stack)
+    while stack:
+        node = stack.pop().producer()
+        if node is None:
+            continue
+        reads = list(node.inputs)
+        for sub in (a.value for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH):
+            inner = list(ir.traversal.RecursiveGraphIterator(sub))
+            made = {v for n in inner for v in n.outputs} | set(sub.inputs)
+            reads += [v for n in inner for v in n.inputs if v not in made]
+        for v in reads:
+            if v is not None and v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return seen
+
+
 def _reads(body: ir.Graph, params: set[ir.Value]) -> list[ir.Value]:
     """The outer values ``body`` (and its subgraphs) reads, each replaced by a new input of ``body``;
     the outer values in the order of those inputs."""
@@ -254,6 +293,25 @@ class _Finisher:
 
     def __init__(self) -> None:
         self.pending: list[tuple] = []
+        self.deferred: list[tuple[_Backward, list[Tensor], int]] = []  # (backward, marks, rebinds before it)
+        self.rebinds: list[tuple[ir.Value, ir.Value]] = []
+
+    def defer(self, backward: _Backward, marks: list[Tensor]) -> None:
+        """Capture ``backward`` once the graph's outputs are known (``settle``)."""
+        self.deferred.append((backward, marks, len(self.rebinds)))
+
+    def settle(self, reached: set[ir.Value] | None) -> None:
+        """Capture the deferred backwards, the last applied first, so that an earlier one's output reaches where a
+        later one's backward sends a gradient to it (``reached``: the values reaching the outputs, or None)."""
+        deferred, self.deferred = self.deferred, []
+        for backward, marks, start in reversed(deferred):
+            backward.capture(marks, reached)
+            _, _, inputs, _, _ = self.pending[-1]
+            for old, new in self.rebinds[start:]:
+                inputs[:] = [new if v is old else v for v in inputs]
+            self._write(*self.pending[-1][1:])
+            if reached is not None:
+                _ancestors(inputs, reached)
 
     def add(self, function: ir.Function, record: dict, inputs: list, reads: list, marks: list) -> None:
         self.pending.append((function, record, inputs, reads, marks))
@@ -261,6 +319,7 @@ class _Finisher:
 
     def rebind(self, old: ir.Value, new: ir.Value) -> None:
         """The Functions whose gradient goes to ``old`` send it to ``new`` instead (``rebind``)."""
+        self.rebinds.append((old, new))
         for _, record, inputs, reads, marks in self.pending:
             if any(v is old for v in inputs):
                 inputs[:] = [new if v is old else v for v in inputs]
@@ -270,6 +329,7 @@ class _Finisher:
         """Forget the Function whose marker is ``marker`` (``discard``)."""
         self.pending = [(function, record, inputs, reads, marks) for function, record, inputs, reads, marks
                         in self.pending if all(m.value.producer() is not marker for m in marks)]
+        self.deferred = [entry for entry in self.deferred if all(m.value.producer() is not marker for m in entry[1])]
 
     @staticmethod
     def _write(record: dict, inputs: list, reads: list, marks: list) -> None:
@@ -278,6 +338,9 @@ class _Finisher:
             mark.value.producer().metadata_props[AUTOGRAD_KEY] = json.dumps({**record, **names, "output": j})
 
     def __call__(self, model: ir.Model) -> None:
+        if self.deferred:  # a capture that did not settle: every output gets its gradient
+            with self.deferred[0][0].builder.activated():
+                self.settle(None)
         for function, *rest in self.pending:
             model.functions[function.identifier()] = function
             self._write(*rest)

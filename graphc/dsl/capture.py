@@ -14,7 +14,7 @@ import onnx_ir as ir
 from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
-from graphc.dsl import ops, renorm
+from graphc.dsl import autograd, ops, renorm
 from graphc.dsl.builder import Builder
 from graphc.dsl.complex_ops import pair
 from graphc.dsl.sources import raised_at
@@ -137,6 +137,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         except Exception as exc:  # noqa: BLE001 - the user's code raised it: say where, keep it as the cause
             raise CaptureError(f"{type(exc).__name__} in the captured code at {raised_at(exc)}: {exc}") from exc
         outputs, complex_outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
+        autograd.settle(builder, outputs)  # the module hooks' backwards, given None where no output is reached
     inplace.mark_buffer_updates(builder)
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)

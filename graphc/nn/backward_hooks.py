@@ -105,6 +105,8 @@ class ModuleGradOutput(Function):
     """The identity on a call's float outputs; backward: the pre-hooks on ``grad_output``, which also goes to the
     carriers."""
 
+    _deferred = True  # backward captured once the graph's outputs are known: None for an output reaching none
+
     @staticmethod
     def forward(ctx: Any, call: Call, *values: Tensor) -> Any:
         ctx.call = call
@@ -114,6 +116,8 @@ class ModuleGradOutput(Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple:
         call = ctx.call
+        if all(g is None for g in grads):  # no output reaches the graph's: torch calls no hook
+            return (None,) * len(ctx.needs_input_grad)
         grad_output = call.grad_tuple(grads, call.out_floats, len(call.outputs))
         for hook in call.hooks("_backward_pre_hooks"):
             grad_output = call.replaced(hook(call.module, grad_output), grad_output, "backward pre-", hook)
@@ -126,6 +130,8 @@ class ModuleGradInput(Function):
     """The identity on a call's float arguments, and a zero carrier per float output; backward: the full hooks on
     (``grad_input``, ``grad_output``), the carriers' gradients being ``grad_output``."""
 
+    _deferred = True
+
     @staticmethod
     def forward(ctx: Any, call: Call, *args: Tensor) -> tuple:
         ctx.call = call
@@ -134,6 +140,8 @@ class ModuleGradInput(Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple:
         call = ctx.call
+        if all(g is None for g in grads):
+            return (None,) * len(ctx.needs_input_grad)
         count = len(call.arg_floats)
         grad_input = call.grad_tuple(grads[:count], call.arg_floats, len(call.args))
         grad_output = call.grad_tuple(grads[count:], call.out_floats, len(call.outputs))
