@@ -51,6 +51,8 @@ CASES = [
     ("fmod(float,float)", lambda M, f, g: M.fmod(f, g), "float32", lambda f, g: np.fmod(f, g)),
     ("pow(2.0,int)", lambda M, b: M.pow(2.0, b), "float32", lambda b: 2.0 ** b),
     ("clip(int,-2,3)", lambda M, a: M.clip(a, -2, 3), "int64", lambda a: np.clip(a, -2, 3)),
+    ("bool*0.5", lambda M, a: (a > 0) * 0.5, "float32", lambda a: (a > 0) * np.float32(0.5)),
+    ("bool+1", lambda M, a: (a > 0) + 1, "int64", lambda a: (a > 0) + 1),
 ]
 IDS = [c[0] for c in CASES]
 # a Python number the Tensor's integer or bool dtype would change: torch promotes the Tensor
@@ -59,7 +61,7 @@ REFUSED = {
     "int//2.5": lambda a: a // 2.5, "int%2.5": lambda a: a % 2.5, "int**0.5": lambda a: a ** 0.5,
     "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
     "clip(int,-2.5,3.5)": lambda a: gc.clip(a, -2.5, 3.5), "where(int,0.5)": lambda a: gc.where(a > 0, a, 0.5),
-    "int8+300": lambda a: a.astype("int8") + 300, "bool*0.5": lambda a: (a > 0) * 0.5,
+    "int8+300": lambda a: a.astype("int8") + 300,
 }
 
 

@@ -1,7 +1,7 @@
 """Two Tensors of different categories promote as torch's: the bool or integer one takes the other's dtype
 (``x + gc.arange(3)`` is float for a float ``x``), in the elementwise binary ops, comparisons and ``gc.where``;
-values and gradients against torch 2.13 in float64 on the numpy and ort-cpu backends. Two dtypes of one
-category stay a capture error naming both."""
+values and gradients against torch 2.13 in float64 on the numpy and ort-cpu backends (two widths of one
+category: tests/test_dsl_promotion_table.py)."""
 
 from __future__ import annotations
 
@@ -50,12 +50,3 @@ def test_value_and_gradient_are_torchs(case, tmp_path):
         assert got["out"].dtype == np.float64, (case, backend)
         np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-15, atol=1e-15)
         np.testing.assert_allclose(got["x_grad"], tx.grad.numpy(), rtol=1e-15, atol=1e-15)
-
-
-@pytest.mark.parametrize("fn, message", [
-    (lambda x, i: x + x.float(), "dtype mismatch float64 vs float32"),
-    (lambda x, i: i + i.int(), "dtype mismatch int64 vs int32"),
-])
-def test_one_category_of_two_widths_is_refused(fn, message):
-    with pytest.raises(gc.CaptureError, match=message):
-        gc.capture(fn, x=gc.spec("float64", (3, 4)), i=gc.spec("int64", (4,)))

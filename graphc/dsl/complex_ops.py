@@ -260,16 +260,22 @@ def _float_part(name: str, what: str, x: Any) -> Tensor:
 def complex(real: Any, imag: Any) -> ComplexTensor:  # noqa: A001 - torch's name
     """``torch.complex``: ``real + i imag`` of two real Tensors of one float dtype."""
     re, im = _float_part("complex", "real", real), _float_part("complex", "imag", imag)
-    if re.dtype != im.dtype:
-        raise CaptureError(f"complex: real and imag must have the same dtype, got {re.dtype} and {im.dtype} "
-                           f"(at {user_source()})")
+    _same_parts("complex", re, im)
     return of_parts(re, im)
+
+
+def _same_parts(name: str, a: Tensor, b: Tensor) -> None:
+    """Refuse two parts of different dtypes, as torch's ``name`` (it does not promote them)."""
+    if a.dtype != b.dtype:
+        raise CaptureError(f"{name}: both inputs must have the same dtype (torch does not promote them), got "
+                           f"{a.dtype} and {b.dtype} (at {user_source()})")
 
 
 @autocast_op()
 def polar(abs: Any, angle: Any) -> ComplexTensor:  # noqa: A002 - torch's names
     """``torch.polar``: ``abs * (cos(angle) + i sin(angle))``."""
     r, theta = _float_part("polar", "abs", abs), _float_part("polar", "angle", angle)
+    _same_parts("polar", r, theta)
     return of_parts(r * ops_array.cos(theta), r * ops_array.sin(theta))
 
 

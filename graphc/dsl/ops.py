@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.autocast import autocast_op, promoted
+from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import COMPLEX_PARTS, FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, ComplexTensor, Tensor, complex_refusal, graphc_function, note_views
 from graphc.dsl.builder import Outside, current, made_outside, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
+from graphc.dsl.promotion import common_dtype, kind, number_dtype
 from graphc.dsl.upcast import in_float32
 from graphc.passes.infer import InferenceError, broadcast
 from graphc.passes.values import STOP_GRADIENT_KEY
@@ -107,51 +108,60 @@ def run_time_int(value: Any, what: str, op: str) -> int | Tensor:
     return lift(value) if isinstance(value, str) else value
 
 
-def _category(dtype: Any) -> int:
-    """bool 0 < integer 1 < float 2, torch's promotion categories."""
-    return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
-
-
 def operand_pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as Tensors; a constant (Python or numpy number or array) next to a Tensor
-    takes its dtype (``_fits``)."""
-    if isinstance(a, Tensor):
-        _fits(a, b)
-        return a, lift(b, a)
-    if isinstance(b, Tensor):
-        _fits(b, a)
-        return lift(a, b), b
-    return lift(a), lift(b)
+    """``a`` and ``b`` as Tensors of one dtype: ``promote``'s."""
+    a, b = promote(a, b)
+    return a, b
 
 
-def _fits(t: Tensor, other: Any) -> None:
-    """Refuse a constant ``other`` that ``t``'s integer or bool dtype would change (``int_t * 0.5``
+def promote(*operands: Any) -> list[Tensor]:
+    """``operands`` as Tensors of the dtype torch computes their elementwise op in (``promotion.common_dtype``):
+    a bool or integer Tensor beside a float one, and the narrower of two widths of one category, take the
+    other's dtype, Tensors with dims above 0-D ones within a category (float32 ``[3]`` with float64 ``[]`` is
+    float32). Constants (Python and numpy numbers and arrays) take the Tensors' dtype (``_fits``), except that
+    an int or float number beside bool Tensors promotes them as torch (``b + 1`` is int64, not a logical or)."""
+    items = [lift(x) if isinstance(x, str) else x for x in operands]  # a dim name is a 0-d int64 Tensor
+    tensors = [x for x in items if isinstance(x, Tensor)]
+    if not tensors:
+        return [lift(x) for x in items]
+    dtype = common_dtype(*tensors)
+    if dtype == "bool":
+        dtype = common_dtype(*tensors, *(x for x in items if number_dtype(x) is not None))
+    out = []
+    for x in items:
+        if isinstance(x, Tensor):
+            out.append(x if x.dtype == dtype else cast(x, dtype))
+        else:
+            _fits(dtype, x)
+            out.append(_constant_as(x, dtype))
+    return out
+
+
+def _constant_as(x: Any, dtype: str) -> Tensor:
+    """A Python or numpy number or array ``x`` as a constant of ``dtype`` (anything else is ``lift``'s error)."""
+    if number_dtype(x) is None and not isinstance(x, (np.ndarray, list, tuple)):
+        return lift(x)
+    return constant(np.asarray(x).astype(to_numpy(dtype)))
+
+
+def _fits(dtype: str, other: Any) -> None:
+    """Refuse a constant ``other`` that an integer or bool ``dtype`` would change (``int_t * 0.5``
     as ``int_t * 0``, ``int_t >= 0.5`` as ``int_t >= 0``, 300 in an int8): the constant takes the
-    Tensor's dtype, and torch would have promoted the Tensor instead, so the two silently
-    differed. Float Tensors round a constant to their precision, as torch does."""
-    if isinstance(other, (Tensor, bool, np.bool_)) or _category(t.dtype) == 2:
+    Tensor's dtype, and torch would have promoted the Tensor (or wrapped the int8) instead, so the two
+    silently differed. Float Tensors round a constant to their precision, as torch does."""
+    if isinstance(other, (Tensor, bool, np.bool_)) or kind(dtype) == 2:
         return
     value = np.asarray(other)
     if value.dtype.kind not in "biuf":
         return
     with np.errstate(all="ignore"):
-        kept = value.astype(to_numpy(t.dtype))
+        kept = value.astype(to_numpy(dtype))
         same = np.array_equal(kept.astype(value.dtype), value)
     if not same:
         shown = value if value.size <= 4 else f"an array of {value.dtype} {list(value.shape)}"
         raise CaptureError(f"the constant {shown} would become {kept if value.size <= 4 else 'other values'} as a "
-                           f"{t.dtype} like the Tensor {t.type_str()}; cast the Tensor first, e.g. "
+                           f"{dtype} like the Tensor operands; cast the Tensor first, e.g. "
                            f"t.astype('float32') (at {user_source()})")
-
-
-def across_categories(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """torch's promotion of two Tensors of different categories: the bool or integer one takes the
-    other's dtype (``x + gc.arange(3)`` is float32 for a float32 ``x``, an int32 Tensor plus a bool one
-    int32). Two dtypes of one category (float32 with float64, int32 with int64) stay a capture error."""
-    ca, cb = _category(a.dtype), _category(b.dtype)
-    if ca == cb:
-        return a, b
-    return (cast(a, b.dtype), b) if ca < cb else (a, cast(b, a.dtype))
 
 
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
@@ -218,12 +228,15 @@ def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
 
 
 def binary(op: str, a: Any, b: Any) -> Tensor:
-    if op == "Pow" and isinstance(b, Tensor) and not isinstance(a, Tensor) and np.asarray(a).dtype.kind == "f":
-        return emit(op, [lift(a), b])  # a float base keeps its type (ONNX Pow's T): 2.0 ** int_t is float, as in torch
-    a, b = promoted(*operand_pair(a, b))
-    if op != "Pow":
-        a, b = across_categories(a, b)
-        same_dtype(op, a, b)
+    """``op`` on ``a`` and ``b`` promoted as torch (``promote``); for Pow a Python float base is float32
+    (``2.0 ** int_t``, as torch), and an integer Tensor to a negative constant power is refused, as torch."""
+    if op == "Pow" and number_dtype(a) == "float32" and isinstance(b, Tensor) and b.dtype not in FLOAT_DTYPES:
+        a = constant(np.asarray(a, np.float32))
+    negative = op == "Pow" and number_dtype(b) is not None and b < 0
+    a, b = operand_pair(a, b)
+    if negative and kind(a.dtype) < 2:
+        raise op_error(op, [a, b], "integers to negative integer powers are not allowed (as torch); use a float "
+                       "base, e.g. t.double() ** -2", user_source())
     return emit(op, [a, b])
 
 
@@ -310,14 +323,12 @@ def minimum(a: Any, b: Any) -> Tensor:
 
 
 def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-    """Clamp to [min, max] (either may be None), bounds of ``x``'s dtype (``_fits``).
+    """Clamp to [min, max] (either may be None, either a number or a Tensor), the three promoted as torch
+    (``promote``).
     Signature: ai.onnx@13::Clip"""
-    x = lift(x)
-    for bound in (min, max):
-        if bound is not None:
-            _fits(x, bound)
-    lo = None if min is None else lift(min, x)
-    hi = None if max is None else lift(max, x)
+    x, *bounds = promote(x, *(bound for bound in (min, max) if bound is not None))
+    lo = None if min is None else bounds[0]
+    hi = None if max is None else bounds[-1]
     if any(t is not None and t.ndim for t in (lo, hi)):
         return _clip_by_tensors(x, lo, hi)
     if x.dtype in FLOAT_DTYPES and (lo is None) != (hi is None):  # ONNX's default bound is the largest
@@ -336,11 +347,10 @@ def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
     """``input`` where ``condition`` else ``other`` (torch's names). Signature: ai.onnx@16::Where"""
-    a, b = across_categories(*promoted(*operand_pair(input, other)))
+    a, b = operand_pair(input, other)
     cond = lift(condition)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
-    same_dtype("Where", a, b)
     broadcast_shape("Where", a, b)
     broadcast_shape("Where", cond, a)
     return emit("Where", [cond, a, b])

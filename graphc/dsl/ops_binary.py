@@ -3,8 +3,8 @@
 ``hypot``, ``xlogy``, ``lerp``, ``copysign``, NaN-ignoring ``fmax``/``fmin``, ``float_power``,
 comparisons as functions, ``isclose``/``allclose``/``equal``, bitwise ops and shifts on integer
 Tensors, and ``gcd``/``lcm``. Everything broadcasts and lowers to standard ONNX ops; gradients
-flow where torch's do. graphc's contract holds where torch would promote: a Python scalar takes
-the Tensor's dtype, and two Tensors of different dtypes are a capture error."""
+flow where torch's do. Operands promote as torch's (``ops.promote``); a Python scalar takes the
+Tensors' dtype (graphc's contract), refused where that would change it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from graphc.dsl import control
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import (binary, cast, constant, detach, emit, lift, log, maximum, minimum, operand_pair, same_dtype,
+from graphc.dsl.ops import (binary, cast, constant, detach, emit, lift, log, maximum, minimum, operand_pair, promote,
                             scalar, sqrt, unary, where)
 from graphc.dsl.ops_divide import floor_divide, to_float, true_divide
 from graphc.dsl.ops_elementwise import signbit
@@ -52,7 +52,7 @@ def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:  # noqa: A002 - to
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:  # noqa: A002
     """``input - alpha * other``; bool Tensors are refused, as torch. Signature: ai.onnx@14::Sub"""
     a, b = operand_pair(input, other)
-    if a.dtype == "bool":
+    if any(isinstance(t, (bool, np.bool_)) or isinstance(t, Tensor) and t.dtype == "bool" for t in (input, other)):
         raise op_error("Sub", [a, b], "sub of bool Tensors is not defined (as in torch); use gc.bitwise_xor or "
                        "gc.logical_xor", user_source())
     return binary("Sub", a, _scaled(b, alpha, "alpha", "sub"))
@@ -77,35 +77,38 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor: 
         raise CaptureError(f"div rounding_mode={rounding_mode!r}; expected None, 'trunc' or 'floor' "
                            f"(at {user_source()})")
     a, b = operand_pair(input, other)
-    same_dtype("Div", a, b)
     return binary("Div", a, b) if a.dtype not in FLOAT_DTYPES else trunc(a / b)  # integer Div truncates
 
 
 @autocast_op()
 @in_float32
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
-    """``input + value * tensor1 * tensor2``."""
-    t1, t2 = operand_pair(tensor1, tensor2)
-    return add(input, _scaled(mul(t1, t2), value, "value", "addcmul"))
+    """``input + value * tensor1 * tensor2``, the three promoted as torch's."""
+    x, t1, t2 = promote(input, tensor1, tensor2)
+    return add(x, _scaled(mul(t1, t2), value, "value", "addcmul"))
 
 
 @autocast_op()
 @in_float32
 def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
-    """``input + value * tensor1 / tensor2``; integer Tensors are refused, as torch."""
-    t1, t2 = operand_pair(tensor1, tensor2)
-    if t1.dtype not in FLOAT_DTYPES or t2.dtype not in FLOAT_DTYPES:
-        raise op_error("Div", [t1, t2], "addcdiv takes float tensor1 and tensor2 (torch no longer divides "
-                       "integers in addcdiv)", user_source())
-    return add(input, _scaled(binary("Div", t1, t2), value, "value", "addcdiv"))
+    """``input + value * tensor1 / tensor2``, the three promoted as torch's; integer (and bool) ``tensor1`` and
+    ``tensor2`` are refused, as torch."""
+    if not any(isinstance(t, float) or isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES for t in (tensor1, tensor2)):
+        raise op_error("Div", [lift(tensor1), lift(tensor2)], "addcdiv takes a float tensor1 or tensor2 (torch no "
+                       "longer divides integers in addcdiv)", user_source())
+    x, t1, t2 = promote(input, tensor1, tensor2)
+    return add(x, _scaled(binary("Div", t1, t2), value, "value", "addcdiv"))
 
 
 @in_float32
 def lerp(input: Any, end: Any, weight: Any) -> Tensor:  # noqa: A002
     """``input + weight * (end - input)``; ``weight`` a number or a Tensor, each of the three
-    gets its gradient. Float Tensors only, as torch."""
-    a, b = _float_pair("lerp", input, end)
-    return a + _float_pair("lerp", weight, a)[0] * (b - a)
+    gets its gradient. The three promote as torch's; float Tensors only, as torch."""
+    _unpromoted("lerp", input, end)
+    if isinstance(weight, Tensor) and weight.ndim:
+        _unpromoted("lerp", input, weight)
+    a, b, w = _floats("lerp", input, end, weight)
+    return a + w * (b - a)
 
 
 def float_power(input: Any, exponent: Any) -> Tensor:  # noqa: A002
@@ -122,19 +125,32 @@ def _float64(x: Any) -> Any:
     return cast(x, "float64") if isinstance(x, Tensor) else x
 
 
+def _floats(fn: str, *operands: Any) -> list[Tensor]:
+    """``operands`` promoted as torch's (``promote``), which must give a float dtype, as torch's ``fn`` needs."""
+    promoted = promote(*operands)
+    if promoted[0].dtype not in FLOAT_DTYPES:
+        dtypes = " and ".join(t.dtype if isinstance(t, Tensor) else type(t).__name__ for t in operands)
+        raise op_error(fn, promoted, f"{fn} takes float Tensors, got {dtypes} (which promote to "
+                       f"{promoted[0].dtype})", user_source())
+    return promoted
+
+
+def _unpromoted(fn: str, a: Any, b: Any) -> None:
+    """Refuse Tensors ``a`` and ``b`` of two dtypes where torch's ``fn`` does not promote them."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.dtype != b.dtype:
+        raise op_error(fn, [a, b], f"dtype mismatch {a.dtype} vs {b.dtype}: torch's {fn} does not promote "
+                       f"Tensors of two dtypes; cast one with .astype()", user_source())
+
+
 def _float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as Tensors of one float dtype; integer ones are refused, as torch's."""
-    a, b = operand_pair(a, b)
-    if a.dtype not in FLOAT_DTYPES or b.dtype not in FLOAT_DTYPES:
-        raise op_error(fn, [a, b], f"{fn} takes float Tensors, got {a.dtype} and {b.dtype}", user_source())
-    same_dtype(fn, a, b)
+    """``_floats`` of two operands."""
+    a, b = _floats(fn, a, b)
     return a, b
 
 
 def to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as Tensors of one dtype, integers and bools made float32, as torch's."""
+    """``a`` and ``b`` promoted as torch's (``promote``), bool or integer made float32, as torch's ``fn``."""
     a, b = operand_pair(a, b)
-    same_dtype(fn, a, b)
     return to_float(a), to_float(b)
 
 
@@ -191,22 +207,20 @@ def fmax(input: Any, other: Any) -> Tensor:  # noqa: A002
     """Elementwise max that ignores nan (nan only where both are); the gradient goes to ``input``
     where ``input >= other`` or ``other`` is nan, else to ``other``, as torch routes it."""
     a, b = operand_pair(input, other)
-    same_dtype("Max", a, b)
     return where((a >= b) | isnan(b), a, b)
 
 
 def fmin(input: Any, other: Any) -> Tensor:  # noqa: A002
     """Elementwise min that ignores nan, as ``fmax``."""
     a, b = operand_pair(input, other)
-    same_dtype("Min", a, b)
     return where((a <= b) | isnan(b), a, b)
 
 
 def heaviside(input: Any, values: Any) -> Tensor:  # noqa: A002
     """0 where ``input < 0``, 1 where ``> 0``, ``values`` where ``== 0``; no gradient (torch
     defines none), so the result is detached."""
+    _unpromoted("heaviside", input, values)
     x, v = operand_pair(input, values)
-    same_dtype("heaviside", x, v)
     zero = scalar(0, x)
     return detach(where(x == zero, v, cast(x > zero, x.dtype)))
 
@@ -255,8 +269,8 @@ def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08,  #
             equal_nan: bool = False) -> Tensor:
     """Where ``|input - other| <= atol + rtol * |other|`` (or the two are equal, infinities
     included; nan equal to nan with ``equal_nan``), as torch; integers compare in float32."""
+    _unpromoted("isclose", input, other)
     a, b = operand_pair(input, other)
-    same_dtype("isclose", a, b)
     for name, tol in (("rtol", rtol), ("atol", atol)):
         if not isinstance(tol, (int, float)) or tol < 0:
             raise CaptureError(f"isclose {name}={tol!r}; expected a number >= 0 (at {user_source()})")
@@ -281,8 +295,7 @@ def equal(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
     """Whether the two have the same shape and values: a bool scalar Tensor (torch returns a
     Python bool, which a graph cannot). Shapes that differ at capture give a constant False, as
     torch; symbolic dims must be the same names."""
-    a, b = lift(input), lift(other)
-    same_dtype("equal", a, b)
+    a, b = operand_pair(input, other)
     if len(a.shape) != len(b.shape) or any(isinstance(m, int) and isinstance(n, int) and m != n
                                            for m, n in zip(a.shape, b.shape)):
         return constant(np.asarray(False))
@@ -312,8 +325,6 @@ def _integers(fn: str, operands: list[Tensor], bool_ok: bool = True) -> None:
 
 def _bitwise(fn: str, *operands: Any) -> Tensor:
     ts = list(operand_pair(*operands)) if len(operands) == 2 else [lift(operands[0])]
-    if len(ts) == 2:
-        same_dtype(fn, *ts)
     _integers(fn, ts)
     logical, bitwise = _BITWISE[fn]
     return emit(logical if ts[0].dtype == "bool" else bitwise, ts)
@@ -344,7 +355,6 @@ def _shift_operands(fn: str, input: Any, other: Any) -> tuple[Tensor, Tensor, Te
     the same width: ONNX BitShift takes only those) and where the amount was out of that range
     (negative or the bit width or more, which torch reads as a huge shift)."""
     a, b = operand_pair(input, other)
-    same_dtype(fn, a, b)
     _integers(fn, [a, b], bool_ok=False)
     bits = np.iinfo(to_numpy(a.dtype)).bits
     out_of_range = (b < scalar(0, b)) | (b >= scalar(bits, b))
@@ -380,7 +390,6 @@ def gcd(input: Any, other: Any) -> Tensor:  # noqa: A002
     ONNX Loop, as many as the dtype's largest values can need (the steps for consecutive
     Fibonacci numbers), each a no-op once the remainder is 0."""
     a, b = operand_pair(input, other)
-    same_dtype("gcd", a, b)
     if a.dtype in FLOAT_DTYPES or a.dtype == "bool":
         raise op_error("gcd", [a, b], f"gcd takes integer Tensors, got {a.dtype}", user_source())
     a, b = abs_(a + b * scalar(0, b)), abs_(b + a * scalar(0, a))  # both in the broadcast shape

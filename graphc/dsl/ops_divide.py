@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl.builder import user_source
-from graphc.dsl.ops import across_categories, binary, cast, emit, operand_pair, same_dtype, scalar, unary, where
+from graphc.dsl.ops import binary, cast, emit, operand_pair, scalar, unary, where
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -15,7 +15,8 @@ from graphc.model.dtypes import FLOAT_DTYPES
 
 def true_divide(a: Any, b: Any) -> Tensor:
     """``a / b`` as torch divides: a bool or integer Tensor becomes float32 (or the other
-    operand's float dtype) first, never a truncating integer Div. Signature: ai.onnx@14::Div"""
+    operand's float dtype) first, never a truncating integer Div; then the two promote as torch's
+    (``ops.promote``). Signature: ai.onnx@14::Div"""
     a = to_float(a, b) if isinstance(a, Tensor) else a
     b = to_float(b, a) if isinstance(b, Tensor) else b
     return binary("Div", a, b)
@@ -57,8 +58,7 @@ def fmod(a: Any, b: Any) -> Tensor:
 
 
 def _int_or_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    a, b = across_categories(*operand_pair(a, b))
-    same_dtype("Mod", a, b)
+    a, b = operand_pair(a, b)
     if a.dtype == "bool":
         raise CaptureError(f"{fn} takes integer or float Tensors, got bool ones; cast them first "
                            f"(at {user_source()})")

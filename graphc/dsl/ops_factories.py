@@ -22,6 +22,7 @@ from graphc.dsl.ops import cast, concat, constant, emit, lift, reshape, same_dty
 from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like, static_dim
 from graphc.dsl.ops_divide import remainder
 from graphc.dsl.ops_reshape import atleast_1d, atleast_2d, atleast_3d
+from graphc.dsl.promotion import can_cast, promote_types, result_type
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, DType, as_dtype
@@ -363,65 +364,6 @@ def column_stack(tensors: Sequence[Any]) -> Tensor:
 def concatenate(tensors: Sequence[Any], axis: int = 0, *, dim: int | None = None) -> Tensor:
     """``torch.concatenate``: ``gc.cat`` with numpy's ``axis`` (or ``dim``)."""
     return cat(tensors, axis if dim is None else dim)
-
-
-# -- dtype rules (no graph) -------------------------------------------------------------------
-
-_INTS = ("uint8", "int8", "int16", "int32", "int64")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-
-
-def _kind(dtype: str) -> int:
-    """bool 0 < integer 1 < float 2: torch's categories."""
-    return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
-
-
-def promote_types(type1: Any, type2: Any) -> DType:
-    """``torch.promote_types``: the smallest dtype both cast to without leaving their category (uint8 with int8
-    is int16, float16 with bfloat16 float32)."""
-    a, b = as_dtype(type1), as_dtype(type2)
-    for d in (a, b):
-        if d not in _INTS + _FLOATS + ("bool",):
-            raise CaptureError(f"promote_types: {d} is not a dtype torch promotes (at {user_source()})")
-    if a == b or _kind(a) != _kind(b):
-        return a if _kind(a) >= _kind(b) else b
-    if {a, b} == {"float16", "bfloat16"}:
-        return DType("float32")
-    if {a, b} == {"uint8", "int8"}:
-        return DType("int16")
-    order = _INTS if a in _INTS else _FLOATS
-    return a if order.index(a) > order.index(b) else b
-
-
-def can_cast(from_: Any, to: Any) -> bool:
-    """``torch.can_cast``: False from float to integer or bool and from integer to bool, as torch's in-place
-    ops refuse; True otherwise (narrowing within a category too)."""
-    return _kind(as_dtype(from_)) <= _kind(as_dtype(to))
-
-
-def result_type(tensor1: Any, tensor2: Any) -> DType:
-    """``torch.result_type`` of Tensors and Python numbers: Tensors with dims rank above 0-D Tensors above
-    numbers; a lower rank counts only where its category (bool, integer, float) is higher. A Python float is
-    float32, an int int64."""
-    ranks: dict[int, DType | None] = {2: None, 1: None, 0: None}
-    for operand in (tensor1, tensor2):
-        if isinstance(operand, Tensor):
-            rank, dtype = (2 if operand.ndim else 1), operand.dtype
-        elif isinstance(operand, (bool, int, float)):
-            rank, dtype = 0, DType("bool" if isinstance(operand, bool) else "int64" if isinstance(operand, int)
-                                   else "float32")
-        else:
-            raise CaptureError(f"result_type takes Tensors and Python numbers, got {type(operand).__name__} "
-                               f"(at {user_source()})")
-        ranks[rank] = dtype if ranks[rank] is None else promote_types(ranks[rank], dtype)
-    return _combine(ranks[2], _combine(ranks[1], ranks[0]))
-
-
-def _combine(higher: DType | None, lower: DType | None) -> DType | None:
-    """torch's ``combine_categories``: ``lower`` counts only where its category is above ``higher``'s."""
-    if higher is None or lower is None:
-        return higher or lower
-    return promote_types(higher, lower) if _kind(lower) > _kind(higher) else higher
 
 
 def broadcast_shapes(*shapes: Any) -> tuple:

@@ -12,8 +12,7 @@ from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.devices import refuse_out
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, same_dtype,
-                            scalar, sqrt)
+from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, scalar, sqrt)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
@@ -95,7 +94,6 @@ def logaddexp(a: Any, b: Any) -> Tensor:
     ``a - b`` is nan (both the same infinity) the difference is taken as 0, so -inf and -inf give
     -inf, as torch's."""
     a, b = operand_pair(a, b)
-    same_dtype("Max", a, b)
     diff = a - b
     diff = where(unary("IsNaN", diff), scalar(0, diff), diff)
     return maximum(a, b) + log(scalar(1, diff) + exp(-abs_(diff)))

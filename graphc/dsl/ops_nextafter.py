@@ -24,15 +24,12 @@ _FORMATS = {
 
 
 def _operands(input: Any, other: Any) -> tuple[Tensor, Tensor]:  # noqa: A002 - torch's names
-    """Both operands as Tensors of one float dtype: a number takes the Tensor's, two float dtypes
-    promote as torch (float16 with bfloat16 to float32); integers are refused, as torch's."""
+    """Both operands promoted as torch's (``ops.promote``), which must give a float dtype; integers alone are
+    refused, as torch's."""
     a, b = operand_pair(input, other)
-    if a.dtype not in _FORMATS or b.dtype not in _FORMATS:
-        raise op_error("nextafter", [a, b], f"expected float Tensors, got {a.dtype} and {b.dtype}", user_source())
-    if a.dtype != b.dtype:
-        wide = max((a.dtype, b.dtype), key=lambda t: _FORMATS[str(t)][0])
-        wide = "float32" if {str(a.dtype), str(b.dtype)} == {"float16", "bfloat16"} else wide
-        a, b = cast(a, wide), cast(b, wide)
+    if a.dtype not in _FORMATS:
+        raise op_error("nextafter", [a, b], f"expected float Tensors, got {a.dtype} ones after promotion",
+                       user_source())
     return a, b
 
 

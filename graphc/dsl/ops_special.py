@@ -15,7 +15,7 @@ import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import binary, cast, detach, exp, lift, log, maximum, minimum, operand_pair, same_dtype, scalar
+from graphc.dsl.ops import binary, cast, detach, exp, lift, log, maximum, minimum, operand_pair, scalar
 from graphc.dsl.ops import sqrt, unary, where
 from graphc.dsl.ops_array import cos, sin
 from graphc.dsl.ops_binary import to_float_pair
@@ -366,7 +366,6 @@ def _incomplete_gamma64(a: Tensor, x: Tensor, upper: bool) -> Tensor:
 
 def _incomplete_gamma(fn: str, input: Any, other: Any, upper: bool) -> Tensor:
     a, x = operand_pair(input, other)
-    same_dtype(fn, a, x)
     if a.dtype not in FLOAT_DTYPES:
         raise CaptureError(f"{fn} input: expected float Tensors, got {a.dtype}; torch refuses integer ones "
                            f"(at {user_source()})")
@@ -457,11 +456,8 @@ def frexp(input: Any) -> Frexp:  # noqa: A002 - torch's names
 
 
 def ldexp(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
-    """``input * 2**other``, as torch (an integer ``input`` becomes float32; ``2**other`` in its dtype)."""
-    x = float_input(input)
-    e = lift(other)
-    if e.dtype != x.dtype:
-        e = cast(e, x.dtype)
+    """``input * 2**other``, as torch: the two promoted (``ops.promote``), then float32 if integer."""
+    x, e = to_float_pair("ldexp", input, other)
     return x * binary("Pow", scalar(2, x), e)
 
 

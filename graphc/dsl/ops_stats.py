@@ -18,6 +18,7 @@ from graphc.dsl.ops import mean as reduce_mean
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sqrt, where
 from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.ops_binary import sub
 from graphc.dsl.ops_array import dim_index, dim_length, dim_positions, full, gather, nan_as, sort_order, var
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import amax, amin, isnan, norm
@@ -257,8 +258,12 @@ def corrcoef(x: Tensor) -> Tensor:
 @autocast_op()
 def dist(a: Tensor, b: Tensor, p: float = 2) -> Tensor:
     """``torch.dist``: the ``p``-norm of ``a - b`` (broadcast; ``p`` 0, inf, -inf or any number, as
-    ``gc.norm``); the two must have one dtype (graphc's contract)."""
-    return norm(lift(a) - b, p)
+    ``gc.norm``); the two promote as torch's, to a float dtype (torch's norm refuses integers, its ``-`` bools)."""
+    diff = sub(a, b)
+    if diff.dtype not in FLOAT_DTYPES:
+        raise CaptureError(f"dist: expected float Tensors (torch's norm refuses integers), got {lift(a).dtype} and "
+                           f"{lift(b).dtype} (at {user_source()})")
+    return norm(diff, p)
 
 
 def histc(x: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:  # noqa: A002 - torch's names
