@@ -1,5 +1,5 @@
-"""torch's dtype promotion, pure Python over graphc's dtypes (no graph): ``promote_types``, ``can_cast`` and
-``result_type``, which ``ops.promote`` applies to the operands of every elementwise op of several inputs."""
+"""torch's dtype promotion, pure Python over graphc's dtypes (no graph): ``promote_types``, ``can_cast``,
+``result_type`` and ``common_dtype``, which ``ops.promote`` applies to every elementwise op of several inputs."""
 
 from __future__ import annotations
 
@@ -62,8 +62,9 @@ def result_type(tensor1: Any, tensor2: Any) -> DType:
 
 
 def common_dtype(*operands: Any) -> DType:
-    """The dtype torch computes an elementwise op of ``operands`` (Tensors and Python numbers) in: Tensors with dims rank above 0-D Tensors above numbers; a lower rank counts only where its
-    category (bool, integer, float) is higher. A Python float is float32, an int int64."""
+    """The dtype torch computes an elementwise op of ``operands`` (Tensors and Python numbers) in: Tensors with
+    dims rank above 0-D Tensors above numbers; a lower rank counts only where its category (bool, integer,
+    float) is higher. A Python float is float32, an int int64."""
     ranks: dict[int, DType | None] = {2: None, 1: None, 0: None}
     for operand in operands:
         if isinstance(operand, Tensor):
