@@ -134,6 +134,13 @@ CASES.update({
                                                                             _random_samples=s), [_X3, _W3, _p(1, 2, 3)]),
     "grid_sample": (lambda M, x, w, g: _f(M).grid_sample(_conv(M, 2, x, w), g, align_corners=False),
                     [_X2, _W2, _u(1, 3, 3, 2)]),
+    "grid_sampler": (lambda M, x, w, g: M.grid_sampler(_conv(M, 2, x, w), g, 0, 0, False), [_X2, _W2, _u(1, 3, 3, 2)]),
+    # given: torch's kernel runs on what it is given where graphc's is built from lowered ops
+    "convolution": (lambda M, x, w: M.convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), [_X2, _W2]),
+    "_upsample_bilinear2d_aa": (lambda M, x: _f(M).interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True),
+                                [_X2]),
+    "_upsample_bicubic2d_aa": (lambda M, x: _f(M).interpolate(x, scale_factor=0.5, mode="bicubic", antialias=True),
+                               [_X2]),
     "reflection_pad1d": (lambda M, x, w: _f(M).pad(_conv(M, 1, x, w), (2, 1), mode="reflect"), [_X1, _W1]),
     "reflection_pad2d": (lambda M, x, w: _f(M).pad(_conv(M, 2, x, w), (2, 1, 1, 2), mode="reflect"), [_X2, _W2]),
     "replication_pad1d": (lambda M, x, w: _f(M).pad(_conv(M, 1, x, w), (2, 1), mode="replicate"), [_X1, _W1]),
@@ -244,9 +251,14 @@ def test_policy_cpu_column_is_torchs(op):
     own mixes), ``mixed`` norms keep bfloat16 beside float32 params."""
     kind = autocast_policy.kind(op, "cpu")
     arrays = _arrays(op)
-    if kind == autocast_policy.GIVEN:  # not cast: torch's kernel refuses a bfloat16 input
-        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="BFloat16"):
-            CASES[op][0](torch, *[torch.from_numpy(a).bfloat16() for a in arrays])
+    if kind == autocast_policy.GIVEN:  # not cast: torch's kernel runs on bfloat16 as given, or refuses it
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = CASES[op][0](torch, *[torch.from_numpy(a).bfloat16() for a in arrays])
+        except RuntimeError as exc:
+            assert "BFloat16" in str(exc), op
+        else:
+            assert out.dtype == torch.bfloat16, op
     elif kind == autocast_policy.FP32:
         ts = [torch.from_numpy(a) for a in arrays]
         ts = [t.bfloat16() if t.is_floating_point() else t for t in ts]
@@ -410,10 +422,11 @@ def _aten_lists():
 
 
 # graphc ops that run through a listed one (torch's Python composites), and the listed ops graphc has under
-# torch's name but does not wrap yet
+# torch's name but does not wrap yet (none: convolution, frobenius_norm, grid_sampler, nuclear_norm, rms_norm and
+# vdot were, and interpolate's upsample ops)
 VIA = {"grid_sample": "grid_sampler", "linalg_cross": "cross", "cross_entropy": "nll_loss", "normalize": "norm",
        "softmin": "softmax"}
-NOT_WRAPPED = {"convolution", "frobenius_norm", "grid_sampler", "nuclear_norm", "rms_norm", "vdot"}
+NOT_WRAPPED: set[str] = set()
 
 
 def test_policy_cuda_column_is_torchs_source_lists():
@@ -449,3 +462,29 @@ def test_cuda_einsum_lowers_and_norms_are_float32():
 
     assert dtypes("cuda") == ["float16"] * 2 + ["float32"] * 4
     assert dtypes("cpu") == ["float32", "bfloat16"] + ["float16"] * 4
+
+
+def test_cuda_convolution_norms_vdot_grid_sampler_and_upsampling_follow_torchs_lists():
+    """Under ``gc.autocast("cuda")`` ``convolution`` lowers to float16; ``frobenius_norm``, ``nuclear_norm``,
+    ``rms_norm`` and ``interpolate`` (torch's ``upsample_*``, each mode) of float16 are float32; ``vdot`` and
+    ``grid_sampler`` of float16 with float32 promote to float32. The CPU lists none of them but grid_sampler
+    (float32 there), so it leaves the rest as given."""
+
+    def fn(x, w, grid, v):
+        h = gc.cast(x, "float16")
+        outs = [gc.convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+                gc.frobenius_norm(h[0, 0]), gc.nuclear_norm(gc.cast(h[0, 0], "float32")), F.rms_norm(h, [4]),
+                gc.grid_sampler(h, grid, 0, 0, False)]
+        outs += [F.interpolate(h, scale_factor=2, mode=mode) for mode in ("nearest", "bilinear", "bicubic")]
+        outs += [F.interpolate(h[0], scale_factor=2, mode="linear"), F.interpolate(h, scale_factor=0.5,
+                                                                                   mode="bilinear", antialias=True)]
+        return outs + ([gc.vdot(gc.cast(v, "float16"), v)] if gc.is_autocast_enabled("cuda") else [])
+
+    def dtypes(device):
+        with gc.autocast(device):
+            model = gc.capture(fn, x=gc.spec("float32", (1, 2, 4, 4)), w=gc.spec("float32", (3, 2, 3, 3)),
+                               grid=gc.spec("float32", (1, 3, 3, 2)), v=gc.spec("float32", (5,)))
+        return [str(as_dtype(int(o.dtype))) for o in model.ir.graph.outputs]
+
+    assert dtypes("cuda") == ["float16"] + ["float32"] * 10
+    assert dtypes("cpu") == ["float32", "float16", "float32", "float16", "float32"] + ["float16"] * 5

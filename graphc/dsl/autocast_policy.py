@@ -32,7 +32,7 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "matmul": (_L, _L), "mm": (_L, _L), "bmm": (_L, _L), "baddbmm": (_L, _L), "addmm": (_L, _L),
     "addbmm": (_L, _L), "linear": (_L, _L), "conv1d": (_L, _L), "conv2d": (_L, _L), "conv3d": (_L, _L),
     "conv_transpose1d": (_L, _L), "conv_transpose2d": (_L, _L), "conv_transpose3d": (_L, _L),
-    "conv_tbc": (_L, _L), "prelu": (_L, _L), "scaled_dot_product_attention": (_L, _L),
+    "conv_tbc": (_L, _L), "prelu": (_L, _L), "scaled_dot_product_attention": (_L, _L), "convolution": (_G, _L),
     "linalg_vecdot": (_L, _L), "tensordot": (_L, _P), "einsum": (None, _L), "addmv": (None, _L),
     "addr": (None, _L), "mv": (None, _L),
     "chain_matmul": (None, _L), "linalg_multi_dot": (None, _L),
@@ -41,7 +41,7 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "cat": (_P, None), "stack": (_P, None), "index_copy": (_P, None),
     "addcdiv": (None, _P), "addcmul": (None, _P), "atan2": (None, _P), "dot": (None, _P),
     "scatter_add": (None, _P), "bilinear": (None, _P), "cross": (None, _P),
-    "linalg_cross": (None, _P), "index_put": (None, _P),
+    "linalg_cross": (None, _P), "index_put": (None, _P), "vdot": (None, _P),
     # losses
     "mse_loss": (_F, _F), "l1_loss": (_F, _F), "smooth_l1_loss": (_F, _F), "huber_loss": (_F, _F),
     "nll_loss": (_F, _F), "cross_entropy": (_F, _F), "binary_cross_entropy": (_F, None),
@@ -54,6 +54,7 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "avg_pool3d": (_F, None), "max_pool3d": (_F, None), "adaptive_avg_pool3d": (_F, None),
     "adaptive_max_pool3d": (_F, None), "max_unpool2d": (_F, None), "max_unpool3d": (_F, None),
     "fractional_max_pool2d": (_F, None), "fractional_max_pool3d": (_F, None), "grid_sample": (_F, _P),
+    "grid_sampler": (_F, _P),
     "reflection_pad1d": (_F, None), "reflection_pad2d": (_F, None), "replication_pad1d": (_F, None),
     "replication_pad2d": (_F, None), "replication_pad3d": (_F, None),
     # statistics, spectra, quantization (per tensor with float scale and int zero point)
@@ -81,10 +82,28 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "log2": (None, _F), "cosine_similarity": (None, _F), "dist": (None, _F), "norm": (None, _F),
     "normalize": (None, _F), "pdist": (None, _F), "softmin": (None, _F), "softplus": (None, _F),
     "sum": (None, _F), "renorm": (None, _F), "logsumexp": (None, _F), "linalg_vector_norm": (None, _F),
-    "linalg_matrix_norm": (None, _F),
+    "linalg_matrix_norm": (None, _F), "frobenius_norm": (None, _F), "nuclear_norm": (None, _F),
+    # interpolate, by mode and dims (the CPU leaves them; graphc builds the antialiased ones from MatMuls)
+    **{op: (None, _F) for op in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_linear1d",
+                                 "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")},
+    "_upsample_bilinear2d_aa": (_G, _F), "_upsample_bicubic2d_aa": (_G, _F),
     # norms
-    "layer_norm": (_M, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M),
+    "layer_norm": (_M, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M), "rms_norm": (None, _F),
 }
+
+# F.interpolate's mode -> torch's upsample op; a nearest one is named by its dims
+_UPSAMPLE = {"linear": "upsample_linear1d", "bilinear": "upsample_bilinear2d", "trilinear": "upsample_trilinear3d",
+             "bicubic": "upsample_bicubic2d"}
+
+
+def upsample_op(arguments: dict) -> str | None:
+    """The upsample op of torch's that ``F.interpolate(**arguments)`` runs (``_upsample_bicubic2d_aa`` antialiased);
+    None for an input without dims (interpolate reports it)."""
+    ndim, mode = getattr(arguments["x"], "ndim", None), arguments["mode"]
+    if ndim is None:
+        return None
+    op = f"upsample_nearest{ndim - 2}d" if mode == "nearest" else _UPSAMPLE.get(mode)
+    return f"_{op}_aa" if op and arguments["antialias"] else op
 
 
 # ONNX op type -> the torch op whose policy it follows, for ``generate(autocast=)`` on imported models
@@ -126,4 +145,5 @@ def kind(op: str, device: str) -> str | None:
     return POLICY[op][DEVICES.index(device)]
 
 
-__all__ = ["DEVICES", "DTYPES", "FP32", "GIVEN", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_kinds", "onnx_lower"]
+__all__ = ["DEVICES", "DTYPES", "FP32", "GIVEN", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_kinds",
+           "onnx_lower", "upsample_op"]

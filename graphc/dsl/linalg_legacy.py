@@ -71,6 +71,7 @@ def matrix_rank(*args: Any, **kwargs: Any) -> Tensor:
                        "`gc.linalg.matrix_rank()` to 'hermitian'.")
 
 
+@autocast_op()
 def nuclear_norm(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
     """``torch.nuclear_norm(input, keepdim=False)`` over the last two dims, or ``(input, dim, keepdim)``."""
     if isinstance(dim, bool):  # the (input, keepdim) overload called positionally
@@ -85,6 +86,7 @@ def _float(fn: str, x: Any) -> Tensor:
     return x
 
 
+@autocast_op()
 def frobenius_norm(input: Any, dim: Any = (), keepdim: bool = False) -> Tensor:
     """``torch.frobenius_norm(input, dim, keepdim=False)``: the 2-norm over at most two dims (``()``: all)."""
     x = _float("frobenius_norm", input)

@@ -29,6 +29,7 @@ from graphc.dsl.ops_spatial import channel_shuffle, pixel_unshuffle
 from graphc.dsl.inplace import in_place, method_in_place, reshaped_in_place, write
 from graphc.dsl.losses import bce_with_logits, kl_div as _kl_div, poisson_nll
 from graphc.dsl.losses_margin import cosine_embedding, hinge_embedding, margin_ranking, triplet_margin
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -144,6 +145,7 @@ def constant_pad_nd(input: Tensor, pad: Any, value: Any = 0) -> Tensor:  # noqa:
     return ops_array.pad(input, pad, "constant", value)
 
 
+@autocast_op()
 def grid_sampler(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,  # noqa: A002
                  align_corners: bool) -> Tensor:
     """``torch.grid_sampler``: ``F.grid_sample`` with torch's int codes for the modes (0 bilinear, 1

@@ -74,6 +74,7 @@ _CONVS = {1: conv1d, 2: conv2d, 3: conv3d}
 _TRANSPOSED = {1: conv_transpose1d, 2: conv_transpose2d, 3: conv_transpose3d}
 
 
+@autocast_op()
 def convolution(input: Any, weight: Any, bias: Any, stride: Sequence[int], padding: Sequence[int],
                 dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Tensor:
     """``torch.convolution``: ``conv{1,2,3}d`` or, ``transposed``, ``conv_transpose{1,2,3}d`` by ``input``'s

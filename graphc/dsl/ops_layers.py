@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.autocast import autocast_op
+from graphc.dsl.autocast_policy import upsample_op
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
 from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, mean, minimum, reshape, reshape_like,
@@ -221,6 +222,7 @@ def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None =
     return emit("InstanceNormalization", [x, weight, bias], {"epsilon": float(eps)})
 
 
+@autocast_op()
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims; ``eps``
     None is the dtype's machine epsilon, as PyTorch. ``RMSNormalization`` from opset 23, but for a
@@ -426,6 +428,7 @@ _RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear",
                  "bicubic": "cubic"}
 
 
+@autocast_op(named=upsample_op)
 def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False) -> Tensor:

@@ -60,6 +60,7 @@ def dot(input: Any, tensor: Any) -> Tensor:  # noqa: A002
     return ranked_matmul("dot", input, tensor, (1, 1))
 
 
+@autocast_op()
 def vdot(input: Any, other: Any) -> Tensor:  # noqa: A002
     """``dot``: graphc has no complex dtypes, so there is nothing to conjugate."""
     return ranked_matmul("vdot", input, other, (1, 1))
