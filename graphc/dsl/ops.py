@@ -383,9 +383,11 @@ def detach(x: Tensor) -> Tensor:
 
 @autocast_op()
 def matmul(a: Any, b: Any) -> Tensor:
-    """numpy-style matmul (batched, broadcast). Signature: ai.onnx@13::MatMul"""
+    """numpy-style matmul (batched, broadcast); two Tensors of two dtypes are refused, as torch's (no
+    promotion). Signature: ai.onnx@13::MatMul"""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        same_dtype("MatMul", a, b)
     a, b = operand_pair(a, b)
-    same_dtype("MatMul", a, b)
     sa, sb = a.shape, b.shape
     if sa is not None and sb is not None:
         if len(sa) == 0 or len(sb) == 0:
