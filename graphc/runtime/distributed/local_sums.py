@@ -31,7 +31,7 @@ class LocalSums:
         self._sums: dict[str, np.ndarray] = {}
         self._terms: dict[str, np.ndarray] = {}  # a scratch buffer per gradient for grad * weight
         self._dtypes: dict[str, np.dtype] = {}
-        self._weight, self._seen, self._divisor = 0.0, False, None
+        self._weight, self._seen = 0.0, False
         self._stats: dict[str, Any] = {}
         self._touched: dict[str, np.ndarray] = {}
 
@@ -42,11 +42,9 @@ class LocalSums:
         after the last, return the step's (None where every shard of this worker was empty)."""
         if index == 0:
             self._reset()
-        self._divisor = divisor
         if part is not None:
             self._seen = True
             self._weight += part["weight"]
-            factor = 1.0 if divisor is not None else part["weight"]
             self._stats = part["stats"] or self._stats  # rank 0's, after its latest micro-batch
             for name, flag in part["touched"].items():  # stepped where any micro-batch read it
                 self._touched[name] = np.logical_or(self._touched.get(name, False), flag)
@@ -56,10 +54,14 @@ class LocalSums:
                         self._dtypes[name] = grad.dtype
                         self._sums[name] = np.zeros(grad.shape, np.result_type(grad.dtype, np.float32))
                         self._terms[name] = np.empty_like(self._sums[name])
-                    self._sums[name] += np.multiply(grad, factor, out=self._terms[name], dtype=self._sums[name].dtype)
+                    if divisor is not None:  # seeded: already weighted, added at 1
+                        np.add(self._sums[name], grad, out=self._sums[name], dtype=self._sums[name].dtype)
+                    else:
+                        self._sums[name] += np.multiply(grad, part["weight"], out=self._terms[name],
+                                                        dtype=self._sums[name].dtype)
         if index + 1 < count or not self._seen:
             return None
-        mean = self._weight if self._divisor is None else self._weight / self._divisor  # seeded mean loss: 1.0
+        mean = self._weight if divisor is None else self._weight / divisor  # seeded mean loss: 1.0
         with np.errstate(over="ignore", invalid="ignore"):
             grads = {name: (acc / mean).astype(self._dtypes[name], copy=False)
                      for name, acc in self._sums.items()} if self._weight else {}
