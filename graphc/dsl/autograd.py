@@ -28,7 +28,7 @@ from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape, subgraph_reads
 
 __all__ = ["Function", "FunctionCtx", "enable_grad", "functional", "grad", "grad_mode", "inference_mode", "no_grad",
            "set_grad_enabled"]
@@ -255,12 +255,7 @@ def _ancestors(values: list[ir.Value], seen: set[ir.Value]) -> set[ir.Value]:
         node = stack.pop().producer()
         if node is None:
             continue
-        reads = list(node.inputs)
-        for sub in (a.value for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH):
-            inner = list(ir.traversal.RecursiveGraphIterator(sub))
-            made = {v for n in inner for v in n.outputs} | set(sub.inputs)
-            reads += [v for n in inner for v in n.inputs if v not in made]
-        for v in reads:
+        for v in (*node.inputs, *subgraph_reads(node)):
             if v is not None and v not in seen:
                 seen.add(v)
                 stack.append(v)
