@@ -301,10 +301,11 @@ class _Finisher:
         deferred, self.deferred = self.deferred, []
         for backward, marks, start in reversed(deferred):
             backward.capture(marks, reached)
-            _, _, inputs, _, _ = self.pending[-1]
-            for old, new in self.rebinds[start:]:
-                inputs[:] = [new if v is old else v for v in inputs]
-            self._write(*self.pending[-1][1:])
+            _, _, inputs, _, _ = self.pending[-1]  # ``capture`` added (and wrote) it
+            if self.rebinds[start:]:  # rebound since its forward: written anew
+                for old, new in self.rebinds[start:]:
+                    inputs[:] = [new if v is old else v for v in inputs]
+                self._write(*self.pending[-1][1:])
             if reached is not None:
                 _ancestors(inputs, reached)
 
