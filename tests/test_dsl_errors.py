@@ -71,14 +71,15 @@ def test_bad_broadcast_names_the_line():
 
 
 def test_wrong_dtype_mix_names_the_line():
-    def f(x, i):
-        return x * i  # DTYPE
+    """A mix torch refuses too (matmul of two dtypes; elementwise ops promote as torch's)."""
+    def f(x, w):
+        return x @ w  # DTYPE
 
     with pytest.raises(gc.GraphError) as err:
-        gc.capture(f, x=gc.spec("float32", ("N", 3)), i=gc.spec("int64", ("N", 3)))
+        gc.capture(f, x=gc.spec("float32", ("N", 3)), w=gc.spec("float64", (3, 3)))
     msg = str(err.value)
     assert f"{HERE}:{_line_of('DTYPE')}" in msg
-    assert "Mul" in msg and "float32" in msg and "int64" in msg and "dtype" in msg
+    assert "MatMul" in msg and "float32" in msg and "float64" in msg and "dtype" in msg
 
 
 def test_error_inside_a_module_points_at_the_users_line():

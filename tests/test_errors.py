@@ -33,10 +33,10 @@ def test_families_sit_under_graph_error_and_graphc_error():
 
 def test_capture_mistake_is_a_capture_error_naming_the_line():
     def f(x, y):
-        return x + y
+        return x @ y  # two dtypes: torch refuses matmul's mix too (elementwise ops promote)
 
     with pytest.raises(gc.CaptureError, match=r"test_errors\.py:\d+"):
-        gc.capture(f, x=gc.spec("float32", (2, 3)), y=gc.spec("int64", (2, 3)))
+        gc.capture(f, x=gc.spec("float32", (2, 3)), y=gc.spec("float64", (3, 2)))
 
 
 def _path_in(message: str) -> Path:
