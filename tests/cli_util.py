@@ -40,6 +40,20 @@ def one_line_error(result: Result, code: int = 2) -> str:
     return result.err
 
 
+def record_trainers(monkeypatch) -> list[dict]:
+    """``gc.Trainer`` replaced by one that records its keyword arguments in the returned list and stops
+    the command with a ``GraphcError`` ("stopped here: the test's Trainer"): how an option reaches it,
+    checked without training."""
+    made: list[dict] = []
+
+    def trainer(*args, **kwargs):
+        made.append(kwargs)
+        raise gc.GraphcError("stopped here: the test's Trainer")
+
+    monkeypatch.setattr(gc, "Trainer", trainer)
+    return made
+
+
 def workspace(root: Path) -> Path:
     """``root/mlp.onnx``, ``root/arts`` (Adam, cross-entropy on ``logits``) and ``root/data.npz``."""
     onnx.save(imported_mlp(), root / "mlp.onnx")

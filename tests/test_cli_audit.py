@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from cli_util import one_line_error, run_cli, workspace
+from cli_util import one_line_error, record_trainers, run_cli, workspace
 
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime.trainer import SIGNAL_HOOK_ENV
@@ -103,15 +103,7 @@ def test_run_batch_size_without_workers_is_refused(capsys, ws, tmp_path):
 def test_placement_reaches_the_trainer_with_workers_and_is_refused_without(capsys, ws, monkeypatch):
     """``--placement`` goes to ``gc.Trainer(placement=...)`` with ``--workers N`` (N > 1); without them, or
     naming neither default nor spread, it is one usage error naming the options, before any Trainer."""
-    import graphc as gc
-
-    made = []
-
-    def trainer(*args, **kwargs):
-        made.append(kwargs)
-        raise gc.GraphcError("stopped here: the test's Trainer")
-
-    monkeypatch.setattr(gc, "Trainer", trainer)
+    made = record_trainers(monkeypatch)
     train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8")
     for extra, placement in ((("--placement", "spread"), "spread"), ((), "default")):
         assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--workers", "2", *extra))
@@ -129,15 +121,7 @@ def test_placement_reaches_the_trainer_with_workers_and_is_refused_without(capsy
 def test_shard_optimizer_reaches_the_trainer_with_workers_and_is_refused_without(capsys, ws, monkeypatch):
     """``--shard-optimizer`` goes to ``gc.Trainer(shard_optimizer=True)`` with ``--workers N`` (N > 1);
     without them it is one usage error, before any Trainer."""
-    import graphc as gc
-
-    made = []
-
-    def trainer(*args, **kwargs):
-        made.append(kwargs)
-        raise gc.GraphcError("stopped here: the test's Trainer")
-
-    monkeypatch.setattr(gc, "Trainer", trainer)
+    made = record_trainers(monkeypatch)
     train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8")
     assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--workers", "2", "--shard-optimizer"))
     assert made[-1]["shard_optimizer"] is True

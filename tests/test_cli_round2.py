@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from cli_util import one_line_error, run_cli, workspace
+from cli_util import one_line_error, record_trainers, run_cli, workspace
 
 EPOCHS, BATCH, SAMPLES = 2, 16, 64  # workspace's data.npz holds 64 samples
 
@@ -181,13 +181,7 @@ def test_train_json_is_the_runs_summary(capsys, ws, tmp_path):
 
 def test_cuda_graph_reaches_the_trainer_on_ort_cuda(capsys, ws, monkeypatch):
     """The option's way to the Trainer, checked where no GPU is: the Trainer is the test's."""
-    made = []
-
-    def trainer(*args, **kwargs):
-        made.append(kwargs)
-        raise gc.GraphcError("stopped here: the test's Trainer")
-
-    monkeypatch.setattr(gc, "Trainer", trainer)
+    made = record_trainers(monkeypatch)
     train = ("train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8", "-b", "ort-cuda")
     assert "the test's Trainer" in one_line_error(run_cli(capsys, *train, "--cuda-graph"))
     assert "the test's Trainer" in one_line_error(run_cli(capsys, *train))
