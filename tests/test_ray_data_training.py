@@ -217,6 +217,22 @@ def test_strings_empty_data_and_data_smaller_than_a_batch_as_a_dataloader(ray):
         gc.Trainer(_arts(), backend="numpy").fit(empty, epochs=1, progress=False)
 
 
+def _while_every_cpu_is_held(ray, target, waited: str) -> None:
+    """Run ``target`` in a thread while a placement group holds every CPU of the cluster (as
+    data-parallel workers may); it must end within 30 s (``waited`` says what hung otherwise). The
+    CPUs are freed after, and the thread given 30 s more to end."""
+    held = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+    ray.get(held.ready(), timeout=30)
+    reader = threading.Thread(target=target, daemon=True)
+    try:
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive(), waited
+    finally:
+        ray.util.remove_placement_group(held)
+        reader.join(30)
+
+
 def test_the_loaders_tasks_run_while_workers_hold_every_cpu(ray):
     """Data-parallel workers may hold all the cluster's CPUs (``workers=N`` of one CPU on N; two of
     0.5 spread over two 1-CPU nodes: ``test_distributed_multinode.py``). The loader's tasks asked
@@ -225,17 +241,8 @@ def test_the_loaders_tasks_run_while_workers_hold_every_cpu(ray):
     data = _data()
     loader = gc.data.RayDataLoader(_dataset(ray, data), BATCH, seed=2)
     assert loader.num_samples == ROWS  # the dataset's own execution ran (its map tasks ask for a CPU)
-    held = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
-    ray.get(held.ready(), timeout=30)
     got: dict = {}
-    reader = threading.Thread(target=lambda: got.update(y=loader.column(0, 1, "y")), daemon=True)
-    try:
-        reader.start()
-        reader.join(30)
-        assert not reader.is_alive(), "the loader's tasks waited for a CPU"
-    finally:
-        ray.util.remove_placement_group(held)
-        reader.join(30)
+    _while_every_cpu_is_held(ray, lambda: got.update(y=loader.column(0, 1, "y")), "the loader's tasks waited for a CPU")
     np.testing.assert_array_equal(got["y"], gc.data.DataLoader(data, BATCH, seed=2).column(0, 1, "y"))
 
 
@@ -247,20 +254,12 @@ def test_a_dataset_run_that_finds_no_cpu_fails_within_the_bound_naming_it(ray):
 
     data = _data()
     loader = gc.data.RayDataLoader(_dataset(ray, data), BATCH, seed=2)
-    held = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
-    ray.get(held.ready(), timeout=30)
     failed: dict = {}
 
     def first_use() -> None:
         with waits_at_most(2.0), pytest.raises(gc.GraphcError) as failed["error"]:
             loader.num_samples  # noqa: B018 - runs the dataset
-    reader = threading.Thread(target=first_use, daemon=True)
-    try:
-        reader.start()
-        reader.join(30)
-        assert not reader.is_alive(), "the dataset's run waited past its bound"
-    finally:
-        ray.util.remove_placement_group(held)
+    _while_every_cpu_is_held(ray, first_use, "the dataset's run waited past its bound")
     message = str(failed["error"].value)
     assert "the dataset's run" in message and "more than 2 s" in message and "no free CPU" in message, message
     assert not loader.stored and loader.num_samples == ROWS
