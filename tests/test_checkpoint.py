@@ -199,6 +199,15 @@ LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num
     ({"batch_in_epoch": 2, "progress": {"steps": 3}}, r"progress.steps 3 is more than the 2 batches of the epoch"),
     ({"progress": {"loss_sum": float("inf")}}, r"progress.loss_sum: must be finite \(got inf\)"),
     ({"progress": {"samples": -1}}, r"progress.samples: .* than or equal to 0"),
+    ({"surprise": 1}, r"surprise: not a field of a graphc checkpoint header"),
+    # an interval fit never steps at (the schedule silently frozen), state a resume fails deep in
+    ({"schedule": json.dumps({"kind": "StepLR", "interval": "batch", "group": {}, "state": {}})},
+     r"schedule: not a saved lr scheduler state \(interval: Input should be 'epoch' or 'step'"),
+    ({"schedule": json.dumps({"kind": "StepLR", "interval": "step", "group": {}})},
+     r"schedule: not a saved lr scheduler state \(state: Field required"),
+    ({"schedule": "StepLR"}, r"schedule: not a saved lr scheduler state \(Invalid JSON"),
+    ({"progress": {"bogus": 5}}, r"progress.bogus: not a field of a graphc checkpoint header"),
+    ({"loader": {**LOADER, "workers": 2}}, r"loader.workers: not a field of a graphc checkpoint header"),
 ])
 def test_nonsense_header_metadata_is_a_checkpoint_error(tmp_path, fields, message):
     path = forge(tmp_path / "c.safetensors", tensors(), **fields)
@@ -207,6 +216,32 @@ def test_nonsense_header_metadata_is_a_checkpoint_error(tmp_path, fields, messag
             read(path)
     with pytest.raises(ValueError):  # and it cannot be written either
         ckpt.CheckpointMeta(**fields)
+
+
+def _with_metadata(path, edit):
+    """Rewrite the JSON metadata text of the checkpoint at ``path`` with ``edit`` (text -> text)."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header["__metadata__"]["graphc"] = edit(header["__metadata__"]["graphc"])
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:])
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: '{"rng_v2": {}, ' + text[1:], r"rng_v2: not a field of a graphc checkpoint header"),
+    (lambda text: '{"step": 99, ' + text[1:], r"the header names 'step' twice"),
+])
+def test_a_header_field_the_digest_does_not_cover_is_refused(tmp_path, edit, message):
+    """The digest hashes the header's fields as read: an unknown field (dropped by pydantic) and
+    the first of a field written twice (json keeps the last) were ignored unread and the file
+    loaded as if they were not there; now refused, naming the field."""
+    path = ckpt.save(tmp_path / "c.safetensors", tensors(), ckpt.CheckpointMeta(step=5, epoch=1))
+    _with_metadata(path, edit)
+    for read in (ckpt.load, ckpt.read_meta):
+        with pytest.raises(ckpt.CheckpointError, match=r"c\.safetensors: invalid checkpoint metadata \(" + message):
+            read(path)
 
 
 def test_files_that_are_not_checkpoints_say_what_they_are(tmp_path):

@@ -68,3 +68,41 @@ def test_truncated_or_foreign_files_are_refused(tmp_path):
     path.write_bytes(b"PK\x03\x04 a zip file")
     with pytest.raises(ValueError, match="not a safetensors file"):
         read_tensors(path)
+
+
+def _layout_changed(tmp_path, change, tail=b""):
+    data = save({"w": np.zeros((3, 5), np.float32), "b": np.ones(4, np.float32)})
+    path = _with_header(tmp_path, data, change)
+    path.write_bytes(path.read_bytes() + tail)
+    return path
+
+
+@pytest.mark.parametrize("change, tail, message", [
+    (lambda h: h["b"].update(data_offsets=h["w"]["data_offsets"][:1] + [h["w"]["data_offsets"][0] + 16]), b"",
+     "tensors that overlap or leave a gap"),  # b reads w's first bytes
+    (lambda h: None, b"extra", "5 bytes belong to no tensor"),  # appended bytes
+    (lambda h: h["b"].update(shape=[True, 4]), b"", r"shape \[True, 4\] is not a list of sizes"),
+])
+def test_a_layout_the_safetensors_package_refuses_is_refused_naming_it(tmp_path, change, tail, message):
+    """Tensors sharing bytes, bytes of no tensor, a boolean dim: the safetensors package refuses
+    each (the oracle); graphc's reader read the first two as they came and failed on the third with
+    numpy's bare TypeError."""
+    path = _layout_changed(tmp_path, change, tail)
+    with pytest.raises(Exception):
+        load_file(path)
+    with pytest.raises(ValueError, match=message):
+        read_tensors(path)
+
+
+def test_a_tensor_named_twice_is_refused_not_read_as_the_last(tmp_path):
+    """json (and the safetensors package) keep the last entry of a name given twice, so the file
+    read as one tensor and silently ignored the other; the header is refused, naming it."""
+    data = save({"w": np.zeros((3, 5), np.float32)})
+    size = int.from_bytes(data[:8], "little")
+    text = data[8:8 + size].decode().strip()
+    twice = ('{"w": {"dtype": "F32", "shape": [5, 3], "data_offsets": [0, 60]}, ' + text[1:]).encode()
+    path = tmp_path / "twice.safetensors"
+    path.write_bytes(len(twice).to_bytes(8, "little") + twice + data[8 + size:])
+    assert load_file(path)["w"].shape == (3, 5)  # the package reads the last
+    with pytest.raises(ValueError, match="the header names 'w' twice"):
+        read_header(path)

@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, PositiveInt, PrivateAttr,
@@ -34,7 +34,7 @@ from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, P
 
 from graphc.errors import GraphcError
 from graphc.fileio import OutsideFolder, atomic_write, confined, remove_stale_temps
-from graphc.tensorfile import DTYPES, read_header, read_tensors
+from graphc.tensorfile import DTYPES, RepeatedKey, read_header, read_tensors, unique_keys
 
 __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
            "LoaderState", "batch_weighted", "check_writable", "hypers_as_declared", "load", "mismatch", "own_entry",
@@ -63,8 +63,15 @@ class CheckpointError(GraphcError, ValueError):
     """A checkpoint is missing, corrupted, or does not belong to these training graphs."""
 
 
+# A header field this graphc does not know is refused (pydantic would drop it unread, and the
+# digest, computed over the fields read, would not notice): a hand-made or corrupted header.
+_STRICT = ConfigDict(extra="forbid")
+
+
 class LoaderState(BaseModel):
     """The DataLoader settings a run used; a resumed run replays its batches from them."""
+
+    model_config = _STRICT
 
     seed: NonNegativeInt
     batch_size: PositiveInt
@@ -84,7 +91,7 @@ class EpochProgress(BaseModel):
     and is written as the JSON strings "NaN", "Infinity", "-Infinity" (pydantic's default, null,
     would not read back); the loss sum and the time are finite (``fit`` stops at a NaN loss)."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(ser_json_inf_nan="strings", extra="forbid")
 
     steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
     loss_sum: float = 0.0           # their losses times ``averaging.epoch_weight``, added in order (float64)
@@ -114,6 +121,18 @@ class EpochProgress(BaseModel):
         return value
 
 
+class ScheduleState(BaseModel):
+    """The lr scheduler's state as ``Trainer.schedule_state`` writes it (``CheckpointMeta.schedule``)."""
+
+    model_config = _STRICT
+
+    kind: str                          # the scheduler's class name
+    interval: Literal["epoch", "step"]  # when fit steps it
+    recipe: Any = None                 # ``graphc train --schedule``'s settings, else None
+    group: dict[str, Any]              # the lr group's entries
+    state: dict[str, Any]              # its ``state_dict()``
+
+
 def batch_weighted(meta: "CheckpointMeta", summed: bool = False) -> EpochProgress:
     """``meta.progress`` as fit keeps it from format 5 on, for a loss ``summed`` or not
     (``averaging.epoch_weight``): formats 1 and 2's plain sum of the steps' losses becomes, for a
@@ -134,6 +153,8 @@ def batch_weighted(meta: "CheckpointMeta", summed: bool = False) -> EpochProgres
 
 class CheckpointMeta(BaseModel):
     """What the header of a checkpoint records besides the tensors."""
+
+    model_config = _STRICT
 
     format: str = FORMAT
     step: NonNegativeInt = 0          # train steps taken
@@ -164,6 +185,16 @@ class CheckpointMeta(BaseModel):
             except (TypeError, ValueError, KeyError) as exc:
                 raise ValueError(f"not a numpy PCG64 generator state ({exc})") from None
         return rng
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_is_a_schedulers_state(cls, text: str) -> str:
+        if text:
+            try:
+                ScheduleState.model_validate_json(text)
+            except ValidationError as exc:  # else a resume would fail deep in it, or never step it
+                raise ValueError(f"not a saved lr scheduler state ({_first_error(exc)})") from None
+        return text
 
     @field_validator("graph_rng")
     @classmethod
@@ -292,6 +323,9 @@ def _read_header(target: Path) -> tuple[CheckpointMeta, dict, int]:
     its data starts at, in one read."""
     try:
         header, start = read_header(target)
+    except RepeatedKey as exc:
+        raise CheckpointError(f"{target}: not a readable graphc checkpoint ({exc}: a corrupted or hand-made "
+                              "file)") from None
     except ValueError:
         raise CheckpointError(f"{target}: not a readable graphc checkpoint (not a safetensors file, or "
                               "truncated within its header)") from None
@@ -368,7 +402,9 @@ def _parse_meta(target: Path, header: dict) -> CheckpointMeta:
         raise CheckpointError(f"{target}: a safetensors file without graphc checkpoint metadata, not a "
                               "checkpoint (an artifact directory's state.safetensors, or another tool's weights?)")
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=unique_keys)
+    except RepeatedKey as exc:
+        raise CheckpointError(f"{target}: invalid checkpoint metadata ({exc})") from None
     except ValueError as exc:
         raise CheckpointError(f"{target}: invalid checkpoint metadata (not JSON: {exc})") from None
     found = raw.get("format") if isinstance(raw, dict) else None
@@ -392,6 +428,8 @@ def _first_error(exc: ValidationError) -> str:
     """``field: message (got value)`` for the first error, and how many more there are."""
     first = exc.errors()[0]
     message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    if first["type"] == "extra_forbidden":
+        message = "not a field of a graphc checkpoint header (a hand-made or corrupted one?)"
     where = ".".join(map(str, first["loc"]))
     got = repr(first["input"]) if where else ""
     text = f"{where}: {message}" + (f" (got {got})" if got and len(got) <= 60 else "") if where else message
