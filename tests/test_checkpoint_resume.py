@@ -175,6 +175,48 @@ def test_an_unwritable_checkpoint_or_plot_fails_before_the_first_step(tmp_path, 
     assert trainer.step_count == 0
 
 
+@pytest.mark.parametrize("fail_at", [1, 4])
+def test_a_save_failing_for_want_of_space_names_the_step_lost_and_the_checkpoint_kept(tmp_path, monkeypatch, fail_at):
+    """A full disk mid-run (the ``fail_at``-th file written fails with ENOSPC: the first save's
+    graphs, or the second checkpoint) was one bare "[Errno 28] No space left on device", naming
+    neither the checkpoint nor what it still held. The error, still an OSError of that errno, now
+    names both; the checkpoint kept resumes as the run was at its step, bit for bit."""
+    import errno
+
+    from graphc import fileio
+
+    data, written = blobs(48), []
+
+    def full(path, *args, **kwargs):
+        written.append(path)
+        if len(written) == fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    real = fileio.write_synced
+    monkeypatch.setattr(fileio, "write_synced", full)
+    monkeypatch.setattr("graphc.compile.training.write_synced", full, raising=False)
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy")
+    with pytest.raises(OSError) as caught:
+        trainer.fit(gc.data.DataLoader(data, batch_size=16, seed=1), 2, progress=False, checkpoint=tmp_path / "ck",
+                    checkpoint_every=1)
+    monkeypatch.undo()
+    target = tmp_path / "ck" / "checkpoint.safetensors"
+    assert caught.value.errno == errno.ENOSPC
+    if fail_at == 1:  # the graphs beside the first checkpoint: nothing there, no folder left behind
+        assert str(caught.value).endswith("no checkpoint was written there") and not (tmp_path / "ck").exists()
+        return
+    assert f"cannot save the checkpoint of step 2 to {target} (No space left on device); the checkpoint there, of " \
+           "step 1, is as it was and resumes" in str(caught.value)
+    resumed = gc.Trainer(tmp_path / "ck", backend="numpy")
+    assert resumed.step_count == 1
+    resumed.fit(gc.data.DataLoader(data, batch_size=16, seed=1), 2, progress=False)
+    whole = gc.Trainer(bn_artifacts(), backend="numpy")
+    whole.fit(gc.data.DataLoader(data, batch_size=16, seed=1), 2, progress=False)
+    for name, value in whole.state_dict().items():
+        np.testing.assert_array_equal(resumed.state_dict()[name], value, err_msg=name)
+
+
 def test_resuming_with_other_data_of_the_same_length_is_named(tmp_path):
     """README: a resume whose --data differs from its run's is an error; data of the same
     length had passed (the loader's record held its settings and length only)."""

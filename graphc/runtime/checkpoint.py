@@ -38,7 +38,7 @@ from graphc.tensorfile import DTYPES, RepeatedKey, read_header, read_tensors, un
 
 __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
            "LoaderState", "batch_weighted", "check_writable", "hypers_as_declared", "load", "mismatch", "own_entry",
-           "read_meta", "read_meta_and_table", "read_tensor_table", "resolve", "save", "writable_header"]
+           "read_meta", "read_meta_and_table", "read_tensor_table", "resolve", "save", "save_failed", "writable_header"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -267,6 +267,19 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     meta = meta.model_copy(update={"digest": _digest(arrays, meta)})
     blob = st_save(arrays, metadata={_META_KEY: meta.model_dump_json()})
     return atomic_write(target, blob)
+
+
+def save_failed(exc: OSError, target: Path, step: int) -> OSError:
+    """``exc``, raised saving the checkpoint of ``step`` to ``target``, as an ``OSError`` of its
+    errno that names the file, the step not saved, and what ``target`` holds now (the save is
+    atomic: the checkpoint there before, untouched, or none)."""
+    try:
+        kept = f"the checkpoint there, of step {read_meta(target).step}, is as it was and resumes"
+    except CheckpointError:
+        kept = "no checkpoint was written there"
+    where = f" writing {exc.filename}" if exc.filename is not None and Path(exc.filename) != target else ""
+    return OSError(exc.errno, f"cannot save the checkpoint of step {step} to {target} ({exc.strerror or exc}{where}); "
+                              f"{kept}")
 
 
 def check_writable(path: PathLike) -> Path:

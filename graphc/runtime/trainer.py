@@ -1157,15 +1157,18 @@ class Trainer:
                                        f"not saving it over {path} (the last checkpoint written there stays)")
         target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from)
         self._tally_skips()
-        with made_folders(target.parent), checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
-            meta = ckpt.CheckpointMeta(
-                step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
-                loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
-                graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
-                roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
-                interface=self.manifest.interface(), schedule=self.schedule_state(),
-                optimizer=self.manifest.optimizer, graphs=graphs, accumulate=self.accumulate)
-            return ckpt.save(target, self.state_dict(), meta)
+        try:
+            with made_folders(target.parent), checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
+                meta = ckpt.CheckpointMeta(
+                    step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+                    progress=self._progress, loader=self._loader_state, rng=self.rng.bit_generator.state,
+                    seed=self._seed, graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
+                    roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
+                    interface=self.manifest.interface(), schedule=self.schedule_state(),
+                    optimizer=self.manifest.optimizer, graphs=graphs, accumulate=self.accumulate)
+                return ckpt.save(target, self.state_dict(), meta)
+        except OSError as exc:  # disk full, read-only, ...: say what was lost and what is kept
+            raise ckpt.save_failed(exc, target, self.step_count) from exc
 
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False,
                         fresh_optimizer: bool = False) -> None:
