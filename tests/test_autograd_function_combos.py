@@ -167,18 +167,37 @@ def test_triton_deploy_drops_the_backwards(tmp_path, opset):
     np.testing.assert_allclose(got, gc.Session(model, backend="numpy").run({"x": x})["output"], rtol=1e-12)
 
 
-@pytest.mark.parametrize("body", ["cond", "scan"])
-def test_a_region_inside_a_body_warns_with_its_line(body):
+@pytest.mark.parametrize("body", ["cond", "scan", "while_loop", "vmap"])
+def test_a_region_inside_a_body_does_not_warn(body):
+    """A region in a body is recomputed (unrolled steps, reverse mode's backward loop, vmap's batched
+    ops): nothing to warn of; test_checkpoint_reverse_mode checks its gradients."""
     region = lambda v: checkpoint(lambda t: gc.tanh(t) * 2.0, v, use_reentrant=False)  # noqa: E731
 
     def f(x):
         if body == "cond":
             return gc.cond(x.sum() > 0, region, lambda v: v * 1.0, x).sum()
+        if body == "vmap":
+            return gc.vmap(region)(x).sum()
+        if body == "while_loop":
+            return gc.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, region(h)), (gc.tensor(0), x))[1].sum()
         return gc.scan(lambda c, row: (c + region(row), c), x[0] * 0.0, x)[0].sum()
 
-    with pytest.warns(UserWarning, match=r"checkpoint at .*test_autograd_function_combos.py:\d+ is inside a body: "
-                                         r"its region is recomputed only where the gradient unrolls the steps .*gc.while_loop.*Python for loop"):
-        gc.capture(f, x=gc.spec("float64", (2, 3)))
-    with warnings.catch_warnings():  # outside a body: no warning
+    with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gc.capture(region, v=gc.spec("float64", (2, 3)))
+        gc.grad(gc.capture(f, x=gc.spec("float64", (2, 3))), "output", wrt=["x"])
+
+
+def test_a_region_inside_a_functions_backward_warns_with_its_line():
+    class Twice(gc.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return checkpoint(lambda t: t * 2.0, g, use_reentrant=False)
+
+    with pytest.warns(UserWarning, match=r"checkpoint at .*test_autograd_function_combos.py:\d+ is inside the backward "
+                                         r"of gc.autograd.Function Twice \(applied at .*\): its region is kept, not "
+                                         r"recomputed .*checkpoint the Function's forward instead"):
+        gc.capture(lambda x: Twice.apply(x).sum(), x=gc.spec("float64", (2, 3)))

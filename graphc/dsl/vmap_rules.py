@@ -16,7 +16,7 @@ import onnx_ir as ir
 from graphc.dsl import control, ops
 from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
-from graphc.model import SOURCE_KEY
+from graphc.model import CHECKPOINT_KEY, SOURCE_KEY
 from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import AUTOGRAD_KEY, autograd_function_label, const_array, draws_random, static_shape
 
@@ -97,10 +97,13 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         if node.op_type == "Constant" and "value" in node.attributes:  # known to the builder's inference
             args[id(node.outputs[0])] = Arg(ops.constant(node.attributes["value"].value.numpy()), False)
             continue
+        scope = b.builder.scope
+        made = len(scope.nodes)
         if not any(a is not None and a.batched for a in inputs) and not _own_per_example(node):
             # it reads only what is the same for every example (a mapped value's Shape or Size)
             args.update((id(v), r) for v, r in zip(node.outputs, as_args(reemit(node, [a and a.t for a in inputs]),
                                                                           False)))
+            _join_region(node, scope.nodes[made:])
             continue
         rule, line = RULES.get(node.op_type), node.metadata_props.get(SOURCE_KEY, "?")
         if any(a is not None and id(a.t.value) in b.ragged for a in inputs):
@@ -115,6 +118,7 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
             results = rule(b, node, inputs)
         except NoRule as exc:
             raise NoRule(f"{node.op_type} at {line} ({exc})") from None
+        _join_region(node, scope.nodes[made:])
         args.update((id(v), r) for v, r in zip(node.outputs, results))
     found = [tuple(arg(v)) for v in outputs]
     if any(id(t.value) in b.ragged for t, _ in found):
@@ -123,6 +127,15 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _join_region(node: ir.Node, made: list[ir.Node]) -> None:
+    """The nodes ``made`` by batching ``node`` join its checkpoint region (``gc.utils.checkpoint``), if any."""
+    region = node.metadata_props.get(CHECKPOINT_KEY)
+    if region is not None:
+        for new in made:
+            new.metadata_props[CHECKPOINT_KEY] = region
+
 
 
 def _own_per_example(node: ir.Node) -> bool:

@@ -3,8 +3,10 @@
 In a capture, the nodes a region's function emits are marked with the region's id (node metadata
 ``CHECKPOINT_KEY``); the training graphs' backward then recomputes the values it reads from them,
 starting from the region's inputs (``passes/training/recompute.py``), and the forward is unchanged.
-A region inside another is part of it; one inside a control-flow body is recomputed by
-each unrolled step of the body's gradient and warns (which bodies keep their values instead).
+A region inside another is part of it; one inside a control-flow body is recomputed by each
+unrolled step of the body's gradient, or, where the steps are not unrolled (reverse mode), by each
+step of the backward loop from the step's taped inputs; under ``gc.vmap`` the batched ops join the
+region. One inside a ``gc.autograd.Function``'s backward is kept and warns.
 Outside a capture the function just runs.
 """
 
@@ -47,13 +49,12 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     b = builder.active()
     if b is None:
         return function(*args, **kwargs)
-    if len(b.scopes) > 1:
-        warnings.warn(f"checkpoint at {builder.user_source()} is inside a body: its region is recomputed only where "
-                      "the gradient unrolls the steps (gc.scan of at most 32 steps, gc.fori_loop with int bounds; a "
-                      "gc.cond's backward recomputes its branch anyway); a longer or run-time-length gc.scan or loop, "
-                      "gc.while_loop, gc.vmap and a gc.autograd.Function's backward keep the body's values (reverse "
-                      "mode tapes each step's products), not recomputed: for a region per step there, write the steps "
-                      "as a Python for loop calling checkpoint", UserWarning, stacklevel=2)
+    backward_of = next((scope.backward_of for scope in b.scopes if scope.backward_of), None)
+    if backward_of is not None:
+        warnings.warn(f"checkpoint at {builder.user_source()} is inside the backward of {backward_of}: its region "
+                      "is kept, not recomputed (the backward's values are made where its gradient reads them); "
+                      "checkpoint the Function's forward instead",
+                      UserWarning, stacklevel=2)
     nodes = b.scope.nodes
     start = len(nodes)
     out = function(*args, **kwargs)

@@ -6,7 +6,9 @@ to first (``Reverse``).
 What a step's backward reads is kept, not recomputed: the taped copy stacks each step's carried
 values and the outputs of its matrix products and of the activations whose gradient reads their
 output (``TAPED``: an LSTM's gate Sigmoid and two Tanhs), and drops the tapes the backward does not
-read (a product only an activation reads). A weight the body reads whose
+read (a product only an activation reads); but a checkpoint region's (``gc.utils.checkpoint``) are
+recomputed by the backward step, and the gradients of what its nodes read from outside the body are
+summed step by step, not stacked. A weight the body reads whose
 per-step gradient is ``A^T @ B`` (MatMul's and Gemm's rules: a Gemm with transA) is summed by one
 Gemm over all steps' stacked A and B after the loop, not by an Add into an accumulator per step (a
 bias's ``ReduceSum`` by one ReduceSum over the stacked steps).
@@ -56,6 +58,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
+from graphc.model import CHECKPOINT_KEY
 from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_float, is_static, rows_factors,
                                             static_shape, take_outputs)
 from graphc.passes.autodiff.loops import copy_graph, copy_node
@@ -302,8 +305,9 @@ class Reverse:
                 per_step.update(inner.outputs)
         stable: dict = {}
         self.products = [n.outputs[0] for n in body if n.op_type in TAPED and n.domain in ("", "ai.onnx")
-                         and n.outputs[0] in per_step and is_float(n.outputs[0])
+                         and CHECKPOINT_KEY not in n.metadata_props and n.outputs[0] in per_step and is_float(n.outputs[0])
                          and _same_shape_every_step(n.outputs[0], body, stable)]
+        self.regions_read = {v for n in body if CHECKPOINT_KEY in n.metadata_props for v in n.inputs}
         self.product_tapes: list[ir.Value] = []
         self.taped: ir.Node | None = None  # none for a Scan that carries nothing: it runs as it is
         self.n_outputs = 0
@@ -397,7 +401,8 @@ class Reverse:
         for c in (c for c in self.captured if c in grads):
             others = []
             for term in _terms(grads[c], backward):
-                form = _summed_over_steps(term, c, backward, frozenset(r[0] for r in self.scanned))
+                form = None if c in self.regions_read else _summed_over_steps(
+                    term, c, backward, frozenset(r[0] for r in self.scanned))
                 (after.setdefault(c, []).append(form) if form else others.append(term))
             if others:
                 rest[c] = others[0] if len(others) == 1 else sub.op("Sum", *others)
