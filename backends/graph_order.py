@@ -34,6 +34,33 @@ from onnx.external_data_helper import load_external_data_for_tensor, uses_extern
 from graphc.model.graphs import reads
 
 
+# What a session of a model holding checkpoint region copies (``RECOMPUTED_KEY``) gets by default, per device:
+# (memory pattern, graph order). CPU: graph order, no memory pattern. scripts/bench_checkpoint.py's MLP's gc.grad
+# model with regions, peak RSS above the pre-run one, median of 3 processes (numpy +39 MB; without regions +553 MB
+# with the defaults, which it keeps): onnxruntime's order +536 MB (before), without the pattern +256; graph order
+# +96, without the pattern +28 (1 process each: also without the arena +108, at level "basic" +28; onnxruntime's
+# order at "basic" without the pattern +44, without the arena +460). Median s/step 4.65, 4.23, 4.29, 5.17: runs of
+# one option spread 2.8-6.5 s on 2 shared cores, within the noise. CUDA: no memory pattern (as the Trainer's
+# train_step on every device), onnxruntime's order: the graph its CUDA session writes holds the Memcpy nodes it
+# placed, and reloading that graph sorted is unverified on a GPU, so graph order is refused there.
+REGION_DEFAULTS = {"cpu": (False, True), "cuda": (False, False)}
+_ORDERED_DEVICES = ("cpu",)
+
+
+def session_order(device: str, copies: bool, mem_pattern: bool | None = None,
+                  graph_order: bool | None = None) -> tuple[bool, bool]:
+    """(memory pattern on, run in graph order) for a session on ``device`` ("cpu", "cuda") of a model
+    holding region copies (``copies``) or not: ``REGION_DEFAULTS`` for one that does, onnxruntime's
+    (pattern on, its own order) for one that does not, where ``mem_pattern`` or ``graph_order`` does not
+    say; ``graph_order=True`` off the CPU is refused (``ValueError``)."""
+    if graph_order and device not in _ORDERED_DEVICES:
+        raise ValueError(f"graph_order runs on the CPU provider (backend 'ort-cpu'), not on {device!r}: reloading "
+                         "the graph onnxruntime optimized there in graphc's order is unverified")
+    pattern, ordered = REGION_DEFAULTS[device] if copies else (True, False)
+    return (pattern if mem_pattern is None else bool(mem_pattern),
+            ordered if graph_order is None else bool(graph_order))
+
+
 def optimized_in_order(ort: Any, data: bytes | str, options: Any, providers: list, disabled: Sequence[str],
                        model: onnx.ModelProto, optimized: Path) -> tuple[Path, onnx.GraphProto]:
     """Optimize ``data`` in a first session (which writes ``optimized``, not profiled), put that

@@ -25,6 +25,7 @@ import onnx
 from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, graph_order, integers,
                              loop_bodies, narrow_casts, opsets, pad_axes, pools, recurrent, scans)
 from graphc.backends.cpu_model import cpu_kernels, race_free
+from graphc.backends.graph_order import session_order
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
@@ -161,8 +162,9 @@ class _OrtBackend:
         to onnxruntime's default: ResNet-18 at batch 32, 64 px, 1.030x / 1.041x the step time,
         Trainers interleaved, built second / first). ``mem_pattern``: onnxruntime's memory pattern (one block
         planned for all intermediates, sized on the first run); ``graph_order`` (CPU): run the graph onnxruntime
-        optimizes in the given graph's order (``graph_order``); by default the pattern on and the order off, the
-        reverse for a model holding region copies on the CPU (measured where set); the Trainer turns
+        optimizes in the given graph's order (``graph_order``); by default the pattern on and the order off; for a model holding
+        region copies, ``graph_order.session_order``'s choice per device (the reverse on the CPU; on CUDA the
+        pattern off, onnxruntime's order); the Trainer turns
         the pattern off for train_step (``graphc.runtime.trainer``). ``exact_arena``: the session's arena grows
         by exactly what is asked, not by powers of two: on the CPU the process's shared arena
         (``_exact_cpu_arena``), on CUDA the provider's own
@@ -221,17 +223,7 @@ class _OrtBackend:
         if keep_recomputation or copies:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)
-        if graph_order and self.device != "cpu":
-            raise ValueError(f"graph_order runs on the CPU provider (backend 'ort-cpu'), not {self.name!r}")
-        # region copies on the CPU: graph order, no memory pattern. scripts/bench_checkpoint.py's MLP's gc.grad model
-        # with regions, peak RSS above the pre-run one, median of 3 processes (numpy +39 MB; without regions
-        # +553 MB with the defaults, which it keeps): onnxruntime's order +536 MB (before), without the pattern
-        # +256; graph order +96, without the pattern +28 (1 process each: also without the arena +108, at level
-        # "basic" +28; onnxruntime's order at "basic" without the pattern +44, without the arena +460). Median
-        # s/step 4.65, 4.23, 4.29, 5.17: runs of one option spread 2.8-6.5 s on 2 shared cores, within the noise.
-        regions = copies and self.device == "cpu"
-        options.enable_mem_pattern = not regions if mem_pattern is None else bool(mem_pattern)
-        in_graph_order = regions if graph_order is None else bool(graph_order)
+        options.enable_mem_pattern, in_graph_order = session_order(self.device, copies, mem_pattern, graph_order)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),

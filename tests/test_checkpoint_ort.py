@@ -109,3 +109,17 @@ def test_a_region_train_step_of_128_params_or_more_loads_in_graph_order():
             assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # graph order
         losses[regions] = [trainer.step(batch) for _ in range(3)]
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-12)
+
+
+def test_region_sessions_choose_pattern_and_order_per_device():
+    """The option assembly of both providers, checked on the CPU (no GPU needed, none mocked): region
+    copies turn the memory pattern off on either device; graph order is the CPU's only, asked or not."""
+    assert graph_order.session_order("cpu", copies=True) == (False, True)
+    assert graph_order.session_order("cuda", copies=True) == (False, False)
+    for device in ("cpu", "cuda"):
+        assert graph_order.session_order(device, copies=False) == (True, False)
+        assert graph_order.session_order(device, copies=True, mem_pattern=True) == (True, device == "cpu")
+    assert graph_order.session_order("cpu", copies=False, graph_order=True) == (True, True)
+    with pytest.raises(ValueError, match=r"graph_order runs on the CPU provider \(backend 'ort-cpu'\), not on "
+                                         r"'cuda': reloading the graph onnxruntime optimized there"):
+        graph_order.session_order("cuda", copies=True, graph_order=True)
