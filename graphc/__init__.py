@@ -139,6 +139,9 @@ _REFUSED_OPS = "save get_num_threads set_num_threads".split()
 _COMPLEX_OPS = "complex polar view_as_real view_as_complex view_as_real_copy view_as_complex_copy".split()
 _EITHER_OPS = ("zeros ones zeros_like exp abs sum mean matmul einsum real imag conj angle is_complex add sub mul "
                "div").split()
+_COMPLEX_MATH_OPS = ("sqrt rsqrt reciprocal square log log2 log10 log1p expm1 sigmoid sin cos tan sinh cosh tanh asin "
+                     "acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh sgn neg negative "
+                     "conj_physical isfinite isnan isinf isclose allclose").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -188,6 +191,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.complex_ops", op) for op in _COMPLEX_OPS},
     **{op: ("graphc.dsl.complex_ops", f"{op}_any") for op in _EITHER_OPS},
     "pow": ("graphc.dsl.complex_pow", "pow_any"),
+    **{op: ("graphc.dsl.complex_math", f"{op}_any") for op in _COMPLEX_MATH_OPS},
     **{op: ("graphc.dsl.complex_random", f"{op}_any") for op in _COMPLEX_SAMPLE_OPS},
     "fft": ("graphc.dsl.fft", None),
     "compile": ("graphc.compile", None),  # the sub-package, callable as torch.compile

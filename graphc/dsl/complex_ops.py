@@ -68,6 +68,12 @@ def operand(x: Any) -> tuple[Part, Part]:
     raise CaptureError(f"cannot use {type(x).__name__} {x!r} with a complex Tensor (at {user_source()})")
 
 
+def as_complex(x: Any, like: Tensor) -> ComplexTensor:
+    """``x`` (complex or real: a Tensor, number or array) as a complex Tensor, numbers of ``like``'s dtype."""
+    re, im = operand(x)
+    return of_parts(ops.lift(re, like), _lifted(im, like))
+
+
 def _lifted(a: Part, like: Part) -> Part:
     """A numpy array or number operand as a Tensor of ``like``'s dtype, when ``like`` is one."""
     return ops.lift(a, like) if isinstance(a, np.ndarray) and isinstance(like, Tensor) else a
@@ -104,10 +110,21 @@ mul = _binary(lambda ar, ai, br, bi: (_sum(ar * br, _prod(ai, bi), -1), _sum(_pr
 
 
 def _div(ar: Part, ai: Part, br: Part, bi: Part) -> tuple[Part, Part]:
+    """``a / b`` as torch's (Smith's): ``b``'s smaller part over its larger is ``r``, no square that overflows;
+    by ``0`` it is ``(a.real / 0, a.imag / 0)``."""
     if bi is None:
         return ar / br, None if ai is None else ai / br
-    den = br * br + bi * bi
-    return _sum(ar * br, _prod(ai, bi)) / den, _sum(_prod(ai, br), ar * bi, -1) / den
+    like = br if isinstance(br, Tensor) else bi
+    ar, ai = ops.lift(ar, like), ops.scalar(0.0, like) if ai is None else ops.lift(ai, like)
+    by_real = ops.abs(br) >= ops.abs(bi)
+    large, small = ops.where(by_real, br, bi), ops.where(by_real, bi, br)
+    zero = large == ops.scalar(0.0, like)
+    r = small / ops.where(zero, ops.scalar(1.0, like), large)
+    scale = 1.0 / (large + small * r)
+    s, t = ops.where(by_real, ar, ai), ops.where(by_real, ai, ar)
+    im = (t - s * r) * scale
+    return (ops.where(zero, ar / ops.abs(br), (s + t * r) * scale),
+            ops.where(zero, ai / ops.abs(bi), ops.where(by_real, im, -im)))
 
 
 div = _binary(_div)
@@ -207,9 +224,7 @@ def getitem(z: ComplexTensor, index: Any) -> ComplexTensor:
 def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
     """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors."""
     target = pair(z)
-    re, im = operand(value)
-    like = ops.lift(0.0, target)
-    inplace.setitem(target, _pair_index(index), pair(of_parts(ops.lift(re, like), _lifted(im, like))))
+    inplace.setitem(target, _pair_index(index), pair(as_complex(value, ops.lift(0.0, target))))
     z._parts = None
 
 
@@ -367,7 +382,7 @@ METHODS = {
     "__mul__": mul, "__rmul__": lambda a, b: mul(b, a), "__truediv__": div, "__rtruediv__": lambda a, b: div(b, a),
     "__matmul__": complex_matmul, "__rmatmul__": lambda a, b: complex_matmul(b, a),
     "__neg__": neg, "__pos__": lambda a: a, "__abs__": abs, "__getitem__": getitem, "__setitem__": setitem,
-    "__eq__": lambda a, b: _equal(a, b), "__ne__": lambda a, b: ops_math.logical_not(_equal(a, b)),
+    "__eq__": lambda a, b: eq(a, b), "__ne__": lambda a, b: ops_math.logical_not(eq(a, b)),
     "real": property(real), "imag": property(imag), "conj": conj, "conj_physical": conj, "resolve_conj": conj,
     "abs": abs, "angle": angle, "exp": exp, "sum": sum, "mean": mean, "reshape": reshape, "view": reshape,
     "permute": permute, "transpose": transpose, "unsqueeze": unsqueeze, "detach": detach, "matmul": complex_matmul,
@@ -376,7 +391,8 @@ METHODS = {
 }
 
 
-def _equal(a: Any, b: Any) -> Tensor:
+def eq(a: Any, b: Any) -> Tensor:
+    """``a == b``: both parts equal."""
     (ar, ai), (br, bi) = operand(a), operand(b)
     zero = ops.lift(0.0, ar)
     return ops_math.logical_and(ar == br, (zero if ai is None else ai) == (zero if bi is None else bi))

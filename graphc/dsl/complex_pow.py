@@ -13,19 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_array
-from graphc.dsl.complex_ops import abs as complex_abs
-from graphc.dsl.complex_ops import angle, div, either_kind, exp, mul, of_parts, operand
+from graphc.dsl import ops_array
+from graphc.dsl.complex_math import log as complex_log
+from graphc.dsl.complex_ops import div, either_kind, exp, mul, of_parts, operand
 from graphc.dsl.tensor import ComplexTensor, Tensor
 
 _MAX_INTEGRAL = 2 ** 31  # a larger integral exponent is exp(w log z), as a fractional one (no 60-product chains)
 
 
 def log(z: Any) -> ComplexTensor:
-    """The principal ``log z`` of a complex (or real) Tensor: ``log|z| + i angle z``."""
-    if not isinstance(z, ComplexTensor):
-        z = of_parts(z, None)
-    return of_parts(ops.log(complex_abs(z)), angle(z))
+    """The principal ``log z`` of a complex (or real) Tensor (``graphc.dsl.complex_math.log``)."""
+    return complex_log(z if isinstance(z, ComplexTensor) else of_parts(z, None))
 
 
 def _integral(exponent: Any) -> int | None:

@@ -271,9 +271,7 @@ def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08,  #
     included; nan equal to nan with ``equal_nan``), as torch; integers compare in float32."""
     _unpromoted("isclose", input, other)
     a, b = operand_pair(input, other)
-    for name, tol in (("rtol", rtol), ("atol", atol)):
-        if not isinstance(tol, (int, float)) or tol < 0:
-            raise CaptureError(f"isclose {name}={tol!r}; expected a number >= 0 (at {user_source()})")
+    check_tolerances(rtol, atol)
     close = binary("Equal", a, b)
     if equal_nan:
         close = close | (isnan(a) & isnan(b))
@@ -282,6 +280,13 @@ def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08,  #
     fa, fb = to_float(a), to_float(b)
     error = abs_(fa - fb)
     return close | (isfinite(error) & (error <= scalar(atol, fb) + scalar(rtol, fb) * abs_(fb)))
+
+
+def check_tolerances(rtol: Any, atol: Any) -> None:
+    """Refuse an ``isclose`` tolerance that is not a number >= 0, naming it."""
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not isinstance(tol, (int, float)) or tol < 0:
+            raise CaptureError(f"isclose {name}={tol!r}; expected a number >= 0 (at {user_source()})")
 
 
 def allclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08,  # noqa: A002

@@ -340,7 +340,8 @@ class ComplexTensor:
 def complex_refusal(op: str, z: ComplexTensor) -> CaptureError:
     """The error for ``op`` given the complex Tensor ``z``, which it does not take."""
     return CaptureError(f"{op} does not take complex Tensors (got {z.type_str()} at {user_source()}); graphc's "
-                        f"complex ops: + - * / @, .real, .imag, .conj(), .abs(), .angle(), exp, sum, mean, "
+                        f"complex ops: + - * / @, **, .real, .imag, .conj(), .abs(), .angle(), the elementwise "
+                        f"math (exp, log, sqrt, sin, tanh, asin, sigmoid, isfinite, isclose, ...), sum, mean, "
                         f"indexing and writes, reshape/permute, einsum, matmul and gc.fft; gc.view_as_real(z) "
                         f"gives the real [..., 2] Tensor every other op takes")
 
