@@ -158,9 +158,14 @@ def test_predicates_and_isclose_match_torch(backend):
         assert bool(got) == torch.allclose(zt[7:], other[7:], **kwargs), kwargs
 
 
-def test_isclose_refuses_a_negative_tolerance_naming_it():
-    with pytest.raises(gc.CaptureError, match=r"isclose rtol=-1.0; expected a number >= 0"):
-        gc.capture(lambda x: gc.isclose(gc.complex(x, x), 1j, rtol=-1.0), x=gc.spec("float64", (3,)))
+@pytest.mark.parametrize("fn,match", [
+    (lambda x: gc.isclose(gc.complex(x, x), 1j, rtol=-1.0), r"isclose rtol=-1.0; expected a number >= 0"),
+    (lambda x: gc.log(1j) + x, r"log: input must be a Tensor, as torch's, got complex 1j \(at .*test_complex_math"),
+    (lambda x: gc.atanh(np.array([2j])) + x, r"atanh: input must be a Tensor, as torch's, got ndarray"),
+])
+def test_bad_inputs_are_capture_errors_naming_the_problem(fn, match):
+    with pytest.raises(gc.CaptureError, match=match):
+        gc.capture(fn, x=gc.spec("float64", (3,)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

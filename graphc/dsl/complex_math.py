@@ -14,12 +14,15 @@ are torch's, a signed zero imaginary part choosing the side: ``log``, ``sqrt`` o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from graphc.dsl import ops, ops_aliases, ops_array, ops_binary, ops_elementwise, ops_math
 from graphc.dsl.complex_ops import abs as complex_abs
 from graphc.dsl.complex_ops import add, as_complex, conj, div, either_kind, eq, exp, mul, neg, of_parts, parts, sub
+from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import ComplexTensor, Tensor
+from graphc.errors import CaptureError
 
 _BIG = 20.0  # tanh(x) is +-1 in float64 beyond |x| = 20; its imaginary part is then 4 sin y cos y exp(-2|x|)
 
@@ -227,8 +230,20 @@ TABLE = {
     "isclose": (ops_binary.isclose, isclose), "allclose": (ops_binary.allclose, allclose),
 }
 
+
+
+def _of_a_tensor(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, refusing a complex number or array as its input (torch takes a Tensor), naming ``name``."""
+    def op(input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 - torch's name
+        if not isinstance(input, ComplexTensor):
+            raise CaptureError(f"{name}: input must be a Tensor, as torch's, got {type(input).__name__} {input!r} "
+                               f"(at {user_source()}); make one with gc.tensor or gc.complex")
+        return fn(input, *args, **kwargs)
+    return op
+
+
 for _name, (_real, _complex) in TABLE.items():
-    globals()[f"{_name}_any"] = either_kind(_real, _complex)  # graphc/__init__.py loads it as gc.<name>
+    globals()[f"{_name}_any"] = either_kind(_real, _of_a_tensor(_name, _complex))  # graphc/__init__.py: gc.<name>
     setattr(ComplexTensor, _name, _complex)
 
 __all__ = sorted(TABLE)
