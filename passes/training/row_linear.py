@@ -1,10 +1,12 @@
 """The flat index torch.onnx's TorchScript exporter writes for ``z[torch.arange(B), y]`` (an ``index`` by
 more than one tensor), as ``row_positions`` rules: ``z`` flattened from its batch axis through the indexed
-axes (a ``Flatten``), picked by a ``Gather`` at ``arange(B) * C + y``. A position times a size read from the
+axes (a ``Flatten``), picked by a ``Gather`` at ``arange(B) * C + y``; and a language model's written by hand,
+``lp.reshape(-1)[(arange(B)[:, None] * T + arange(T)) * C + y]``. A position times a size read from the
 shapes (``C``: ``Shape``, ``Gather``, ``Mul`` of those, a constant) is a ``Linear`` of that stride; plus the
-same rows' label, or a constant below the stride, an offset within each row's block; a Gather along a batch
-axis of ``B * C`` elements by it picks from each row's own block. The label is taken to lie in ``[0, C)``,
-as torch checks it (the exporter's graph is wrong for others, negative ones included). A flipped, rolled,
+same rows' label, or a value the shapes bound below the room its offset leaves (a constant, ``arange(T)``), an
+offset within each row's block, which a size may scale again; a Gather along a batch axis of ``B * C``
+elements by it picks from each row's own block. The label is taken to lie in the room left (``[0, C)``), as
+torch checks it (the exporter's graph is wrong for others, negative ones included). A flipped, rolled,
 shifted or halved position, a stride from the batch's size, or an offset of another row's, is no fact: the
 Gather mixes, as before."""
 
@@ -24,11 +26,14 @@ from graphc.passes.training.row_shapes import shape_of
 
 __all__: list[str] = []
 
-def _stride(fact: Fact) -> Counter | None:
-    """The stride of a position a size may scale: a plain one's 1, an unshifted flat index's own."""
+ONE = Counter({1: 1})
+
+
+def _flat(fact: Fact) -> Linear | None:
+    """A position as a flat index of stride 1 (a plain one), or a flat index."""
     if isinstance(fact, Own) and fact.parts is None and fact.rows is None:
-        return Counter({1: 1})
-    return Counter(dict(fact.stride)) if isinstance(fact, Linear) and not fact.offset else None
+        return Linear(fact.axis, fact.length, frozenset(ONE.items()), frozenset(ONE.items()))
+    return fact if isinstance(fact, Linear) else None
 
 
 def _placed(node: ir.Node, at: int, axis: int) -> int | None:
@@ -37,37 +42,69 @@ def _placed(node: ir.Node, at: int, axis: int) -> int | None:
     return None if out_rank is None or rank is None else axis + out_rank - rank
 
 
+def _times(items: frozenset, size: Counter) -> frozenset:
+    return frozenset(product([Counter(dict(items)), size]).items())
+
+
 @rule("Mul")
 def _scaled(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
-    """A position times a size not from the batch: a flat index of that stride."""
-    at = next((i for i, f in enumerate(facts[:2]) if _stride(f) is not None), None)
+    """A position (or a flat index, its offset and room alike) times a size not from the batch: a flat index
+    of that stride."""
+    at = next((i for i, f in enumerate(facts[:2]) if _flat(f) is not None), None)
     if at is None or facts[1 - at] is not None:
         return None
-    own, size = facts[at], size_of(node.inputs[1 - at])
-    axis = _placed(node, at, own.axis)
-    if size is None or axis is None or set(product([own.length]) or {None}) & set(size) - {1}:
+    flat, size = _flat(facts[at]), size_of(node.inputs[1 - at])
+    axis = _placed(node, at, flat.axis)
+    if size is None or axis is None or set(product([flat.length]) or {None}) & set(size) - {1}:
         return None
-    return [Linear(axis, own.length, frozenset(product([_stride(own), size]).items()))]
+    return [Linear(axis, flat.length, _times(flat.stride, size), _times(flat.room, size),
+                   flat.rows and Rows(axis))]
 
 
 @rule("Add")
 def _offset(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
-    """A flat index plus the same rows' label (placed on its axis), or a constant within its stride."""
-    at = next((i for i, f in enumerate(facts[:2]) if isinstance(f, Linear) and not f.offset), None)
+    """A flat index plus the same rows' label (placed on its axis, taken to lie in its room, as torch checks an
+    exported pick's), or a value the shapes bound within its room: a constant, a ``Range(0, n, 1)``."""
+    at = next((i for i, f in enumerate(facts[:2]) if isinstance(f, Linear)), None)
     if at is None:
         return None
-    flat, other, value = facts[at], facts[1 - at], node.inputs[1 - at]
-    axis = _placed(node, at, flat.axis)
+    flat, other = facts[at], facts[1 - at]
+    axis, room = _placed(node, at, flat.axis), Counter(dict(flat.room))
     if axis is None:
         return None
     if isinstance(other, Rows):
-        keeps = other.copies == 1 and _placed(node, 1 - at, other.axis) == axis
-        return [Linear(axis, flat.length, flat.stride, True, Rows(axis))] if keeps else None
-    stride, array = Counter(dict(flat.stride)), constant(value)
-    below = stride[1] if set(stride) == {1} else 1  # a stride with a symbol: only 0 is known to lie within it
-    if other is not None or array is None or np.any(np.asarray(array) < 0) or np.any(np.asarray(array) >= below):
+        keeps = room != ONE and other.copies == 1 and _placed(node, 1 - at, other.axis) == axis
+        return [Linear(axis, flat.length, flat.stride, frozenset(ONE.items()), Rows(axis))] if keeps else None
+    left = _left(room, _bound(node.inputs[1 - at])) if other is None else None
+    return None if left is None else [Linear(axis, flat.length, flat.stride, frozenset(left.items()),
+                                             flat.rows and Rows(axis))]
+
+
+def _bound(value: ir.Value) -> Counter | None:
+    """A bound the shapes give on the non-negative integers ``value`` holds (each below it): a constant's
+    largest plus one, a ``Range(0, n, 1)``'s ``n``; else None."""
+    array = constant(value)
+    if array is not None:
+        array = np.asarray(array)
+        return None if np.any(array < 0) else Counter({1: int(array.max(initial=0)) + 1})
+    node = value.producer()
+    if node is None or node.op_type != "Range" or node.domain not in ("", "ai.onnx"):
         return None
-    return [Linear(axis, flat.length, flat.stride, True)]
+    start, delta = (constant(v) for v in (node.inputs[0], node.inputs[2]))
+    if start is None or delta is None or np.asarray(start).reshape(-1)[0] != 0 or np.asarray(delta).reshape(-1)[0] != 1:
+        return None
+    return size_of(node.inputs[1])
+
+
+def _left(room: Counter, bound: Counter | None) -> Counter | None:
+    """The room a value below ``bound`` leaves of ``room``, else None: all of it for zeros, none for a bound
+    equal to it (1: a last index may be added), the difference of two numbers."""
+    if bound is None:
+        return None
+    if bound == ONE or bound == room:
+        return room if bound == ONE else ONE
+    numbers = set(room) == set(bound) == {1}
+    return Counter({1: room[1] - bound[1] + 1}) if numbers and bound[1] <= room[1] else None
 
 
 @rule("Cast", "Identity", "Unsqueeze")

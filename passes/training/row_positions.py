@@ -53,15 +53,16 @@ class Own:
 @dataclass(frozen=True)
 class Linear:
     """A flat index of each row's own block: the position along ``axis`` (of ``length``) times ``stride``
-    (a product of dims, ``row_axes.product``'s Counter as a frozenset of its items), plus, with ``offset``,
-    a value within the block (a constant below ``stride``, or the row's own label, ``rows``: an index
-    torch checks against the dim it indexes). Indexing a batch axis of ``length`` times ``stride``
-    elements, each row's ``stride`` in turn, by it picks from each row's own block."""
+    (a product of dims, ``row_axes.product``'s Counter as a frozenset of its items), plus an offset within
+    the block (constants, positions along other axes, the row's own label, ``rows``) that leaves ``room``
+    (a product alike; the stride where there is none): adding a value in ``[0, room)`` keeps it within
+    the block. Indexing a batch axis of ``length`` times ``stride`` elements, each row's ``stride`` in
+    turn, by it picks from each row's own block."""
 
     axis: int
     length: str | int | frozenset
     stride: frozenset
-    offset: bool = False
+    room: frozenset
     rows: Rows | None = None
 
 
