@@ -16,7 +16,7 @@ import onnx_ir as ir
 __all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "DROPPED_MARKS_KEY",
            "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY",
            "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "NO_DERIVATIVE_KEY", "PROBABILITIES_KEY",
-           "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_function_label", "const_array",
+           "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_bound_names", "autograd_function_label", "const_array",
            "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
            "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "holds_autograd_functions",
            "needed_values", "node_attrs", "onnx_opset", "rebind_autograd_copy", "replace_value", "static_shape", "stops_gradient",
@@ -121,9 +121,7 @@ def _rebind_autograd(graph: ir.Graph | None, old: str, new: str) -> None:
         text = node.metadata_props.get(AUTOGRAD_KEY)
         if text is None or json.dumps(old) not in text:
             continue
-        record = json.loads(text)
-        for key in ("inputs", "reads"):
-            record[key] = [new if name == old else name for name in record[key]]
+        record = _renamed(json.loads(text), lambda name: new if name == old else name)
         node.metadata_props[AUTOGRAD_KEY] = json.dumps(record)
 
 
@@ -134,10 +132,21 @@ def rebind_autograd_copy(node: ir.Node, names: Mapping[str, str]) -> None:
     text = node.metadata_props.get(AUTOGRAD_KEY)
     if text is None:
         return
-    record = json.loads(text)
-    for key in ("inputs", "reads"):
-        record[key] = [names.get(name, name) for name in record[key]]
-    node.metadata_props[AUTOGRAD_KEY] = json.dumps(record)
+    node.metadata_props[AUTOGRAD_KEY] = json.dumps(_renamed(json.loads(text), lambda name: names.get(name, name)))
+
+
+def autograd_bound_names(record: dict) -> set[str]:
+    """The names a ``gc.autograd.Function`` record binds (``inputs``, ``reads``), its variants' too."""
+    return {name for part in (record, *record.get("variants", ())) for key in ("inputs", "reads") for name in part[key]}
+
+
+def _renamed(record: dict, rename: Callable[[str], str]) -> dict:
+    """``record`` (and its variants, ``graphc.dsl.autograd``'s backwards given fewer gradients) binding
+    ``rename(name)`` for each name it binds."""
+    for part in (record, *record.get("variants", ())):
+        for key in ("inputs", "reads"):
+            part[key] = [rename(name) for name in part[key]]
+    return record
 
 
 def stops_gradient(node: ir.Node) -> bool:

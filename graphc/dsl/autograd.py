@@ -15,6 +15,7 @@ The namespace also holds torch's ``autograd.grad`` (``graphc.dsl.autograd_grad``
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx_ir as ir
@@ -94,15 +95,21 @@ def backwards(builder: Builder) -> dict[ir.OperatorIdentifier, ir.Function]:
     if finisher is None:
         return {}
     finisher.settle(None)
-    return {function.identifier(): function for function, *_ in finisher.pending}
+    return {e.function.identifier(): e.function for entry in finisher.pending for e in (entry, *entry.variants)}
 
 
 def settle(builder: Builder, outputs: list[ir.Value]) -> None:
     """The capture's graph ``outputs`` known: capture the deferred backwards, each given None for an output of its
-    Function that reaches none of ``outputs``, through the forward or a later Function's gradient."""
+    Function that reaches none of ``outputs``, through the forward or a later Function's gradient; with several
+    float outputs, captured again for each output that would give it other Nones were it the loss (a *variant*,
+    which autodiff takes where the gradients reaching the markers are that variant's)."""
     finisher = builder.finishers.get(_FUNCTIONS_KEY)
-    if finisher is not None:
-        finisher.settle(_ancestors(outputs, set()))
+    if finisher is None:
+        return
+    reached = [_ancestors(outputs, set())]
+    if len(outputs) > 1:
+        reached += [_ancestors([o], set()) for o in outputs if o.dtype is not None and o.dtype.is_floating_point()]
+    finisher.settle(reached)
 
 
 def rebind(builder: Builder, old: ir.Value, new: ir.Value) -> None:
@@ -183,12 +190,19 @@ class _Backward:
         line = getattr(getattr(cls.backward, "__code__", None), "co_firstlineno", "?")
         self.backward_at = f"{cls.__name__}.backward (line {line})"
 
-    def capture(self, marks: list[Tensor], reached: set[ir.Value] | None = None) -> None:
-        """Capture backward as a function; register it and the region's record with the capture's finisher.
-        ``reached``: the values that reach the graph's outputs; a marked output not among them gets None (None:
-        every marked output gets its gradient)."""
+    def given(self, marks: list[Tensor], reached: set[ir.Value] | None) -> tuple[int, ...]:
+        """The marked outputs (their indices among them) that get a gradient where ``reached`` reach the loss."""
+        marked = [mark for mark, m in zip(marks, self.marked) if m]
+        return tuple(j for j, mark in enumerate(marked) if reached is None or mark.value in reached)
+
+    def capture(self, marks: list[Tensor], reached: set[ir.Value] | None = None,
+                primary: _Entry | None = None) -> _Entry:
+        """Capture backward as a function; register it and the region's record with the capture's finisher (as
+        a variant of ``primary``'s where given). ``reached``: the values that reach the graph's outputs; a marked
+        output not among them gets None (None: every marked output gets its gradient)."""
         builder = self.builder
-        params = [builder.new_value(builder.unique(f"{self.name}.grad"), o.dtype, static_shape(o.value))
+        name = self.name if primary is None else builder.unique(f"{self.name}.given")
+        params = [builder.new_value(builder.unique(f"{name}.grad"), o.dtype, static_shape(o.value))
                   for o, m in zip(self.outputs, self.marked) if m]
         state = builder.set_gradients(True)
         try:
@@ -200,20 +214,26 @@ class _Backward:
                          for i, o in enumerate(self.outputs)]
                 gradients = self._checked(self.cls.backward(self.ctx, *grads))
                 made = {id(v) for node in scope.nodes for v in node.outputs}
-                returned = [(i, g if id(g.value) in made else ops.emit("Identity", [g])) for i, g in gradients]
+                returned = []  # each a value of the body's own, once (ONNX refuses a function's output twice)
+                for i, g in gradients:
+                    if id(g.value) not in made:
+                        g = ops.emit("Identity", [g])
+                    made.discard(id(g.value))
+                    returned.append((i, g))
         finally:
             builder.restore_gradients(state)
         body = ir.Graph(params, [g.value for _, g in returned], nodes=scope.nodes, opset_imports={"": builder.opset},
-                        name=self.name)
+                        name=name)
         # a saved output is read as the Function's output (its marker), as torch's saved output carries its
         # history: differentiating the backward (create_graph=True) goes through this backward again
         outputs = {id(o.value): mark.value for o, mark, m in zip(self.outputs, marks, self.marked) if m}
         reads = [outputs.get(id(v), v) for v in _reads(body, set(params))]
-        record = {"function": self.name, "class": self.cls.__name__, "source": self.source}
-        inputs = [self.args[i].value for i, _ in returned]
-        builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).add(
-            ir.Function(AUTOGRAD_DOMAIN, self.name, graph=body, attributes=[]), record, inputs, reads,
-            [mark for mark, m in zip(marks, self.marked) if m])
+        record = {"function": name, "class": self.cls.__name__, "source": self.source}
+        entry = _Entry(ir.Function(AUTOGRAD_DOMAIN, name, graph=body, attributes=[]), record,
+                       [self.args[i].value for i, _ in returned], reads, [mark for mark, m in zip(marks, self.marked) if m],
+                       self.given(marks, reached))
+        builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).add(entry, primary)
+        return entry
 
     def _checked(self, result: Any) -> list[tuple[int, Tensor]]:
         """(argument index, gradient) for each forward argument backward gave a gradient for."""
@@ -282,12 +302,27 @@ def _reads(body: ir.Graph, params: set[ir.Value]) -> list[ir.Value]:
     return list(outer)
 
 
+@dataclass
+class _Entry:
+    """One captured backward: its function, the region's record, the values its outputs are the gradients of, the
+    forward values it reads, the markers, the marked outputs it was ``given`` gradients for; ``variants``: the same
+    backward captured for the other ``given`` a single graph output as the loss would make."""
+
+    function: ir.Function
+    record: dict
+    inputs: list
+    reads: list
+    marks: list
+    given: tuple[int, ...]
+    variants: list[_Entry] = field(default_factory=list)
+
+
 class _Finisher:
     """Once the capture ends (names final): each Function's backward added to the model, its record
     written on its markers with the names of the values it binds."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple] = []
+        self.pending: list[_Entry] = []
         self.deferred: list[tuple[_Backward, list[Tensor], int]] = []  # (backward, marks, rebinds before it)
         self.rebinds: list[tuple[ir.Value, ir.Value]] = []
 
@@ -295,49 +330,66 @@ class _Finisher:
         """Capture ``backward`` once the graph's outputs are known (``settle``)."""
         self.deferred.append((backward, marks, len(self.rebinds)))
 
-    def settle(self, reached: set[ir.Value] | None) -> None:
+    def settle(self, reached: list[set[ir.Value]] | None) -> None:
         """Capture the deferred backwards, the last applied first, so that an earlier one's output reaches where a
-        later one's backward sends a gradient to it (``reached``: the values reaching the outputs, or None)."""
+        later one's backward sends a gradient to it (``reached``: the values reaching the outputs, then those
+        reaching each float output, each extended as the backwards are captured; None: every output reached).
+        Each backward is captured once per marked outputs given a gradient (the first: the region's own; then its
+        variants), and not for a variant given none (no gradient reaches the region there)."""
         deferred, self.deferred = self.deferred, []
         for backward, marks, start in reversed(deferred):
-            backward.capture(marks, reached)
-            _, _, inputs, _, _ = self.pending[-1]  # ``capture`` added (and wrote) it
-            if self.rebinds[start:]:  # rebound since its forward: written anew
-                for old, new in self.rebinds[start:]:
-                    inputs[:] = [new if v is old else v for v in inputs]
-                self._write(*self.pending[-1][1:])
-            if reached is not None:
-                _ancestors(inputs, reached)
+            captured: dict[tuple[int, ...], _Entry] = {}
+            for k, values in enumerate(reached or [None]):
+                given = backward.given(marks, values)
+                entry = captured.get(given)
+                if entry is None and (k == 0 or given):
+                    primary = captured[next(iter(captured))] if captured else None
+                    entry = captured[given] = backward.capture(marks, values, primary)
+                    if self.rebinds[start:]:  # rebound since its forward: written anew
+                        for old, new in self.rebinds[start:]:
+                            entry.inputs[:] = [new if v is old else v for v in entry.inputs]
+                        self._write(primary or entry)
+                if values is not None and entry is not None:
+                    _ancestors(entry.inputs, values)
 
-    def add(self, function: ir.Function, record: dict, inputs: list, reads: list, marks: list) -> None:
-        self.pending.append((function, record, inputs, reads, marks))
-        self._write(record, inputs, reads, marks)  # at once too: a gc.func transform then names the Function
+    def add(self, entry: _Entry, primary: _Entry | None) -> None:
+        """A region's backward (``primary`` None), or a variant of ``primary``'s."""
+        if primary is None:
+            self.pending.append(entry)
+        else:
+            primary.variants.append(entry)
+        self._write(primary or entry)  # at once too: a gc.func transform then names the Function
 
     def rebind(self, old: ir.Value, new: ir.Value) -> None:
         """The Functions whose gradient goes to ``old`` send it to ``new`` instead (``rebind``)."""
         self.rebinds.append((old, new))
-        for _, record, inputs, reads, marks in self.pending:
-            if any(v is old for v in inputs):
-                inputs[:] = [new if v is old else v for v in inputs]
-                self._write(record, inputs, reads, marks)
+        for entry in self.pending:
+            if any(v is old for e in (entry, *entry.variants) for v in e.inputs):
+                for e in (entry, *entry.variants):
+                    e.inputs[:] = [new if v is old else v for v in e.inputs]
+                self._write(entry)
 
     def discard(self, marker: ir.Node) -> None:
         """Forget the Function whose marker is ``marker`` (``discard``)."""
-        self.pending = [(function, record, inputs, reads, marks) for function, record, inputs, reads, marks
-                        in self.pending if all(m.value.producer() is not marker for m in marks)]
+        self.pending = [e for e in self.pending if all(m.value.producer() is not marker for m in e.marks)]
         self.deferred = [entry for entry in self.deferred if all(m.value.producer() is not marker for m in entry[1])]
 
     @staticmethod
-    def _write(record: dict, inputs: list, reads: list, marks: list) -> None:
-        names = {"inputs": [v.name for v in inputs], "reads": [v.name for v in reads]}
-        for j, mark in enumerate(marks):
-            mark.value.producer().metadata_props[AUTOGRAD_KEY] = json.dumps({**record, **names, "output": j})
+    def _write(entry: _Entry) -> None:
+        def names(e: _Entry) -> dict:
+            return {"inputs": [v.name for v in e.inputs], "reads": [v.name for v in e.reads]}
+
+        variants = [{"given": list(v.given), "function": v.function.name, **names(v)} for v in entry.variants]
+        record = {**entry.record, **names(entry), **({"variants": variants} if variants else {})}
+        for j, mark in enumerate(entry.marks):
+            mark.value.producer().metadata_props[AUTOGRAD_KEY] = json.dumps({**record, "output": j})
 
     def __call__(self, model: ir.Model) -> None:
         if self.deferred:  # a capture that did not settle: every output gets its gradient
             with self.deferred[0][0].builder.activated():
                 self.settle(None)
-        for function, *rest in self.pending:
-            model.functions[function.identifier()] = function
-            self._write(*rest)
+        for entry in self.pending:
+            for e in (entry, *entry.variants):
+                model.functions[e.function.identifier()] = e.function
+            self._write(entry)
         model.opset_imports[AUTOGRAD_DOMAIN] = 1

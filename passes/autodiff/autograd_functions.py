@@ -11,8 +11,11 @@ values bound to the function's inputs after one gradient per marker (saved tenso
 The driver (``core``) treats a region's markers as one node: a marker's output lies on a gradient path
 when one of the region's ``inputs`` does, and the forward's own nodes, cut off by the detaches, get no
 gradient (their ops need no rule). At the region's last marker the walk reaches, the backward's body is
-copied in, reading each marker's gradient (zeros for one the loss does not reach, as torch passes) and the
-bound forward values; gradients of an input passed twice are summed. In a control-flow body the rules walk
+copied in, reading each marker's gradient and the bound forward values: the record's ``variants`` (each
+``given``, the markers it was captured with gradients for, and its own ``function``, ``inputs``, ``reads``) hold
+the backward captured with None for the others, as torch passes for an output the loss does not reach; the
+variant whose ``given`` are the markers the gradient reaches is taken, else the region's own backward, reading
+zeros for those markers. Gradients of an input passed twice are summed. In a control-flow body the rules walk
 copies of the body, whose markers bind the copies' values (``loops.fresh_names``); ``GradBuilder.functions``
 holds the backwards for those walks. ``values.drop_autograd_functions``
 drops the functions from graphs no pass differentiates again (the training artifacts, inference exports);
@@ -67,6 +70,7 @@ class Region:
     inputs: list[ir.Value] = field(default_factory=list)  # the value each body output is the gradient of
     waiting: int = 0  # markers on the gradient path the walk has still to reach
     dys: dict[int, ir.Value] = field(default_factory=dict)
+    variants: dict[tuple[int, ...], tuple[dict, ir.Function]] = field(default_factory=dict)  # by ``given``
 
     @property
     def where(self) -> str:
@@ -93,14 +97,16 @@ class Region:
         self.waiting -= 1
         if self.waiting:
             return None
-        reads = [self.bound(name) for name in self.record["reads"]]
-        count = len(self.body.inputs) - len(reads)
+        record, body = self.variants.get(tuple(sorted(self.dys)), (self.record, self.body))
+        inputs = self.inputs if record is self.record else [self.bound(name) for name in record["inputs"]]
+        reads = [self.bound(name) for name in record["reads"]]
+        count = len(body.inputs) - len(reads)
         mapping: dict[ir.Value, ir.Value] = {}
-        for j, param in enumerate(self.body.inputs[:count]):
+        for j, param in enumerate(body.inputs[:count]):
             mapping[param] = self.dys[j] if j in self.dys else g.zeros_like(self.markers[j].outputs[0])
-        mapping.update(zip(self.body.inputs[count:], reads))
+        mapping.update(zip(body.inputs[count:], reads))
         grads: dict[ir.Value, ir.Value] = {}
-        for value, dx in zip(self.inputs, clone_body(g, self.body.graph, mapping)):
+        for value, dx in zip(inputs, clone_body(g, body.graph, mapping)):
             grads[value] = g.op("Add", grads[value], dx) if value in grads else dx
         return grads
 
@@ -127,6 +133,8 @@ def regions(nodes: Sequence[ir.Node], functions: Mapping[ir.OperatorIdentifier, 
             region = found[key] = Region(record, body, named)
             # without its backward, a region is refused where the walk reaches it (``Region.backward``)
             region.inputs = [region.bound(name) for name in record["inputs"] if body is not None or name in named]
+            region.variants = {tuple(v["given"]): (v, variant) for v in record.get("variants", ())
+                               if (variant := (functions or {}).get((AUTOGRAD_DOMAIN, v["function"], ""))) is not None}
         region.markers[record["output"]] = node
         out[node] = region
     return out

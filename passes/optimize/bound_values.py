@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, autograd_bound_names
 
 __all__ = ["keep_bound_values"]
 
@@ -26,8 +26,7 @@ def keep_bound_values(model: ir.Model) -> Iterator[None]:
     names: set[str] = set()
     for node in graph if AUTOGRAD_DOMAIN in model.opset_imports else ():
         if (text := node.metadata_props.get(AUTOGRAD_KEY)) is not None:
-            record = json.loads(text)
-            names.update(record["inputs"], record["reads"])
+            names.update(autograd_bound_names(json.loads(text)))
     values = [*graph.initializers.values(), *(v for node in graph for v in node.outputs)] if names else []
     kept = list(dict.fromkeys(v for v in values
                               if v.name in names and not v.is_graph_output() and not v.is_graph_input()))
