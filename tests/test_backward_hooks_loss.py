@@ -1,7 +1,7 @@
 """A module's backward hooks where its outputs reach different graph outputs: each graph output taken as the loss
 (``gc.grad``, ``gc.training.generate``) gives the hooks torch's None for the module output it does not reach (the
 hooks run at capture once per such pattern of Nones, ``graphc.dsl.autograd.settle``); checked against torch 2.13 in
-float64, hooks whose gradients depend on which ``grad_output`` is None."""
+float64, hooks whose gradients depend on which ``grad_output`` is None; also after ``gc.optimize``."""
 
 from __future__ import annotations
 
@@ -73,14 +73,18 @@ def test_the_hooks_run_once_for_each_pattern_of_nones():
     assert seen == [(kind, p) for kind in ("pre", "full") for p in patterns]
 
 
-@pytest.mark.parametrize("backend, saved", [("numpy", False), ("ort-cpu", False), ("numpy", True)])
+@pytest.mark.parametrize("backend, how", [("numpy", "captured"), ("ort-cpu", "captured"), ("numpy", "saved"),
+                                          ("numpy", "optimized")])
 @pytest.mark.parametrize("loss", ["main", "aux"])
-def test_grad_takes_the_hooks_as_torch_calls_them_for_that_loss(loss, backend, saved, tmp_path):
-    """Captured, or saved and loaded (the variants' backwards and records kept)."""
+def test_grad_takes_the_hooks_as_torch_calls_them_for_that_loss(loss, backend, how, tmp_path):
+    """Captured; saved and loaded (the variants' backwards and records kept); or gc.optimize'd at level 2, whose
+    CSE merged the hooks' output marker with the detach of the same value beside it (every gradient zero)."""
     net, model, seen = _captured()
-    if saved:
+    if how == "saved":
         model.save(tmp_path / "m.onnx")
         model = gc.load(tmp_path / "m.onnx")
+    elif how == "optimized":
+        model = gc.optimize(model, level=2)
     want, grads = _torch(net, loss)
     assert want == [("pre", [loss == "aux", loss == "main"]), ("full", [loss == "aux", loss == "main"])]
     assert all(call in seen for call in want)

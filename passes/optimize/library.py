@@ -19,7 +19,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants_ir
 
 from graphc.passes.optimize.pipeline import SUBGRAPH_OPS, Declared, LibraryPass, all_nodes
-from graphc.passes.values import draws_random, onnx_opset, stops_gradient
+from graphc.passes.values import AUTOGRAD_KEY, draws_random, onnx_opset, stops_gradient
 
 __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
            "LiftConstantsToInitializers", "RemoveUnusedNodes", "cleanup_passes",
@@ -266,9 +266,10 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
                          value.numpy().tobytes() if value.dtype == ir.DataType.STRING else value.tobytes())
             attributes.append((name, value))
         attributes.sort()
-        # a gc.detach Identity is not a plain one: merging the two would drop or add a stop-gradient
+        # a gc.detach Identity is not a plain one: merging the two would drop or add a stop-gradient; nor is a
+        # gc.autograd.Function's marker (its record), which an identity Function (a hook's) puts beside a detach
         return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes),
-                stops_gradient(node))
+                stops_gradient(node), node.metadata_props.get(AUTOGRAD_KEY))
 
 
 def _replace_node(graph: ir.Graph, node: ir.Node, values: Sequence[ir.Value]) -> None:
