@@ -185,10 +185,12 @@ def running_server(app: Any) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve_process(*args: str, timeout: float = 60, descriptors: int | None = None) -> Iterator[tuple[Any, int]]:
+def serve_process(*args: str, timeout: float = 60, descriptors: int | None = None,
+                  setup: str = "") -> Iterator[tuple[Any, int]]:
     """`graphc serve ARGS --port P` in its own process; yields (process, port) once it has printed
     its "serving" line (which it prints only once it listens). Stopped with SIGTERM at the end.
-    ``descriptors``: the process's limit on open files (soft and hard, as ``ulimit -n``)."""
+    ``descriptors``: the process's limit on open files (soft and hard, as ``ulimit -n``); ``setup``:
+    Python statements the process runs first (e.g. to set a module's constant)."""
     import resource
     import signal
     import subprocess
@@ -198,7 +200,7 @@ def serve_process(*args: str, timeout: float = 60, descriptors: int | None = Non
         resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
 
     port = free_port()
-    cmd = [sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args, "--port", str(port)]
+    cmd = [sys.executable, "-c", f"{setup}\nfrom graphc.cli import main; main()", "serve", *args, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=None if descriptors is None else limit)
     try:

@@ -264,6 +264,42 @@ def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_pa
     whole.close()
 
 
+@pytest.mark.parametrize("backend, gzipped", [("numpy", False), ("ort-cpu", True)])
+def test_a_run_past_the_shutdown_grace_is_stopped_and_gets_a_json_503(tmp_path, backend, gzipped):
+    """At SIGTERM uvicorn waits for requests in flight for SHUTDOWN_GRACE s (1 s here), then cancels them:
+    the client got uvicorn's text/plain 500 "Internal Server Error", a traceback was logged, and the
+    model's run went on in its worker thread, so the process did not exit until the run ended (a Loop
+    of 10**9 steps: hours). A gzipped body runs on the other worker pool (anyio's), the same."""
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    body = json.dumps({"inputs": [{"name": "n", "datatype": "INT64", "shape": [], "data": [10 ** 9]},
+                                  {"name": "x", "datatype": "FP32", "shape": [1], "data": [0.5]}]}).encode()
+    coding = b""
+    if gzipped:
+        body, coding = gzip.compress(body), b"Content-Encoding: gzip\r\n"
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", backend,
+                       setup="import graphc.serving.kserve.server as s; s.SHUTDOWN_GRACE = 1.0") as (proc, port):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
+                     % (coding, len(body), body))
+        time.sleep(1)  # the run is under way
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        reply = read_reply(sock)
+        sock.close()
+        try:
+            code = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - start
+        output = proc.stdout.read() if code is not None else ""
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503") and b"content-type: application/json" in head.lower(), reply[:300]
+    message = json.loads(body)["error"]
+    assert "shutting down" in message and "'loop'" in message, message
+    assert code == 0 and took < 15, (code, took)
+    assert "Traceback" not in output, output
+
+
 def fill_model() -> onnx.ModelProto:
     """y = n float32 values of 1.5 (ConstantOfShape): a request of a few bytes, a reply as large as n says."""
     from onnx import TensorProto, helper

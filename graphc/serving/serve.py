@@ -52,7 +52,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
-    seconds is dropped). Near the process's descriptor limit each new connection has one closed:
+    seconds is dropped; a run still going after ``SHUTDOWN_GRACE``, 30 s, is stopped and its
+    request gets a 503). Near the process's descriptor limit each new connection has one closed:
     one whose headers have been arriving for ``HEAD_TIMEOUT`` (1 s), else the longest-idle one
     (``graphc.serving.kserve.connections``).
 

@@ -152,7 +152,7 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                                       "values size over --max-tensor-bytes"),
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
                               ("501", "Unsupported Transfer-Encoding"),
-                              ("503", "Backend unavailable, or the server holds --max-queue requests"),
+                              ("503", "Backend unavailable, the server holds --max-queue requests, or it is shutting down"),
                               ("504", "The model did not answer within --request-timeout"))}},
         }
 

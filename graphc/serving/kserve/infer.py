@@ -288,6 +288,11 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
                 payload, json_length = await loop.run_in_executor(None, run_request, model, body, header_length,
                                                                   limits.reply, None, deadline, limits.tensor,
                                                                   limits.live)
+        except asyncio.CancelledError:  # the server's shutdown stopped waiting for this request
+            deadline.cancel()  # else its thread runs on to the model's end, and the process cannot exit until then
+            raise ProtocolError(f"the server is shutting down and stopped model {model.name!r}'s run before it "
+                                "answered (its time for requests in flight ran out); retry on a server that is up",
+                                503) from None
         finally:
             watcher.cancel()
             if timer is not None:

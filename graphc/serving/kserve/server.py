@@ -29,6 +29,9 @@ from graphc.serving.kserve.throttled_log import ThrottledLog
 DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
 SHUTDOWN_IDLE = 2.0
+# At shutdown, seconds the requests in flight have to be answered; uvicorn then cancels them, and each gets
+# a 503 and has its model's run stopped (``infer.py``).
+SHUTDOWN_GRACE = 30.0
 DEFAULT_BACKLOG = 4096
 # The most bytes of a request that are not body: its request line and headers, and of a chunked
 # body its chunk framing and trailers beyond the body's own size. httptools bounds none of them, so
@@ -463,5 +466,5 @@ def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = 
     protocol.log = log  # Server.shutdown flushes it
 
     return uvicorn.Config(app, http=protocol, log_level=log_level, access_log=access_log, backlog=backlog,
-                          timeout_keep_alive=min(5, read_timeout), timeout_graceful_shutdown=30,
+                          timeout_keep_alive=min(5, read_timeout), timeout_graceful_shutdown=SHUTDOWN_GRACE,
                           server_header=False, proxy_headers=False)
