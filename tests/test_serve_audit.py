@@ -97,6 +97,32 @@ def test_a_pipelined_request_the_parser_refuses_is_answered_after_the_ones_befor
     assert got[-1][1]["error"].startswith("invalid HTTP request: "), got[-1]
 
 
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+
+
+def test_a_request_with_a_body_that_asks_to_upgrade_gets_a_400_naming_the_upgrade(port):
+    """``curl --http2`` sends ``Upgrade: h2c`` with its POST: httptools ends such a request at its headers,
+    so the app answered an empty body (400 "malformed JSON ... EOF at column 0") and the body was dropped."""
+    with connect(port) as sock:
+        sock.sendall(infer(loop_body(3), headers=H2C) + infer(loop_body(4)))
+        [(status, reply)] = replies(sock, 1)
+        assert closed_by_server(sock, time.monotonic() + 10)
+    assert status == b"HTTP/1.1 400 Bad Request", (status, reply)
+    assert "switch protocols (Upgrade: 'h2c') and has a body" in reply["error"], reply
+    assert "without Upgrade" in reply["error"], reply
+
+
+def test_a_request_pipelined_behind_a_bodiless_upgrade_request_is_answered(port):
+    """A GET asking to upgrade is answered over HTTP/1.1, but uvicorn dropped the bytes after it in the
+    same read: the request pipelined behind it was never answered."""
+    with connect(port) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"GET /v2/models/loop/ready HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n" + infer(loop_body(3)))
+        (first, ready), (second, reply) = replies(sock, 2)
+    assert first == b"HTTP/1.1 200 OK" and ready == {"name": "loop", "ready": True}, (first, ready)
+    assert second == b"HTTP/1.1 200 OK" and y_of(reply) == 3.5, (second, reply)
+
+
 def test_a_pipelined_request_that_times_out_is_answered_after_the_one_before_it(tmp_path):
     """A request cut off in its head behind one still computing: its 408 went out first, read by
     the client as the reply to the request before it."""

@@ -23,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphc.errors import ServeError
 from graphc.serving.kserve.connections import HEAD_TIMEOUT, Connections, connection_cap
-from graphc.serving.kserve.protocol import error_body
+from graphc.serving.kserve.protocol import ProtocolError, error_body
 from graphc.serving.kserve.throttled_log import ThrottledLog
 
 DEFAULT_READ_TIMEOUT = 30.0
@@ -121,6 +121,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._linger: asyncio.TimerHandle | None = None  # ends the linger after a close (LINGER_SECONDS)
         self._dropped = 0  # bytes read and dropped while lingering
         self._raw: asyncio.Transport = None  # type: ignore[assignment]  # uvicorn's is _Lingering(_raw)
+        self._data = b""  # what data_received is parsing
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -160,9 +161,19 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         """uvicorn's; an HTTP/1.0 request's ``Expect: 100-continue`` is ignored, as RFC 9110 (10.1.1)
-        says a server must (uvicorn sent ``100 Continue``, a 1xx no HTTP/1.0 client takes, 15.2)."""
+        says a server must (uvicorn sent ``100 Continue``, a 1xx no HTTP/1.0 client takes, 15.2). A
+        request with a body that asks to switch protocols (``Connection: upgrade``, as ``curl --http2``
+        sends) is refused with a 400: httptools ends such a request at its headers, so the app answered
+        an empty body and the body's bytes were dropped (and the requests pipelined after it)."""
         if self.parser.get_http_version() == "1.0":
             self.expect_100_continue = False
+        if self.parser.should_upgrade() and not self._should_upgrade():
+            headers = dict(self.headers)
+            if headers.get(b"content-length", b"0").strip(b" 0") or b"transfer-encoding" in headers:
+                raise ProtocolError(f"the request asks to switch protocols (Upgrade: "
+                                    f"{headers.get(b'upgrade', b'').decode('latin-1')!r}) and has a body, which this "
+                                    "HTTP/1.1 server cannot read after such a request; send it without Upgrade "
+                                    "(curl: without --http2)")
         super().on_headers_complete()
         self._in_body = True
 
@@ -251,8 +262,9 @@ class DeadlineProtocol(HttpToolsProtocol):
                                               b"retry-after: 1\r\n"))
                 self._raw.close()
                 return
-        body_before, self._completed = self._body_bytes, False
+        body_before, self._completed, self._data = self._body_bytes, False, data
         super().data_received(data)
+        self._data = b""
         # The bytes after a request that ended in ``data`` belong to the next one, uncounted (at most
         # one read's worth).
         if not self._completed:
@@ -262,6 +274,15 @@ class DeadlineProtocol(HttpToolsProtocol):
         if self._idle_deadline is not None:
             self._idle_deadline.cancel()
             self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """httptools stopped at a request (bodiless) asking to switch protocols; it is answered over
+        HTTP/1.1, and what followed it in ``data`` is parsed now (uvicorn dropped it: a request pipelined
+        behind it was never answered, and it logged advice to install a WebSocket library)."""
+        self.logger.warning("a request asked to switch protocols (Upgrade); answered over HTTP/1.1")
+        rest = self._data[sys.exc_info()[1].args[0]:]
+        if rest:
+            self.data_received(rest)
 
     def shutdown(self) -> None:
         """uvicorn's: close an idle connection, let a request it runs finish; and a request the
@@ -308,6 +329,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
         other error, naming what the parser found (it is called while handling the parser's error)."""
         found = sys.exc_info()[1]
+        found = found.__context__ if isinstance(found.__context__, ProtocolError) else found  # a callback's
         head = b"".join(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
         self._reply_and_close(closing_reply(400, f"invalid HTTP request: {found}" if found is not None and str(found)
                                             else msg, head))
