@@ -290,8 +290,8 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
                                                                   limits.live)
         except asyncio.CancelledError:  # the server's shutdown stopped waiting for this request
             deadline.cancel()  # else its thread runs on to the model's end, and the process cannot exit until then
-            raise ProtocolError(f"the server is shutting down and stopped model {model.name!r}'s run before it "
-                                "answered (its time for requests in flight ran out); retry on a server that is up",
+            raise ProtocolError(f"the server is shutting down and stopped the run of model {model.name!r} before "
+                                "it answered (its time for requests in flight ran out); retry on a server that is up",
                                 503) from None
         finally:
             watcher.cancel()
