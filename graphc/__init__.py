@@ -132,6 +132,10 @@ _TORCH_COVERAGE_OPS = {
     "ops_fractional": ("fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
                        "fractional_max_pool3d_with_indices"),
 }
+# torch's functional multi-layer recurrent ops, native_* tuples and the reach sweep's aliases, by module
+_REACH_OPS = {
+    "graphc.nn.rnn_functional": "lstm gru rnn_tanh rnn_relu",
+}
 _SETTINGS_OPS = ("get_default_dtype set_default_dtype use_deterministic_algorithms "
                  "are_deterministic_algorithms_enabled is_deterministic_algorithms_warn_only_enabled").split()
 _REFUSED_OPS = "save get_num_threads set_num_threads".split()
@@ -183,6 +187,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "autograd": ("graphc.dsl.autograd", None),
     **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
+    **{op: (module, op) for module, ops in _REACH_OPS.items() for op in ops.split()},
     # torch's names that model files and training scripts use beside the ops (the torch names sweep)
     **{op: ("graphc.model.dtype_limits", op) for op in ("finfo", "iinfo")},
     **{op: ("graphc.dsl.seeding", op) for op in ("manual_seed", "initial_seed")},

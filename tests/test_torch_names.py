@@ -345,7 +345,6 @@ _THREADS = "graphc has no process-wide thread count: gc.Session(model, threads=N
 _DEVICE = "graphc's values have no device: the backend places the graph (gc.Session(model, backend='ort-cuda'))"
 _INTERNAL = "torch's own machinery, not called by model code"
 _REMOVED = "removed from torch (torch.linalg's replace it): gc.linalg.solve / lstsq / eigh"
-_RNN = "torch's flat-weight RNN functions behind nn.RNN/LSTM/GRU: gc.nn.RNN / LSTM / GRU"
 _INPLACE = "an in-place form graphc lacks: assign the result (x = gc.i0(x), x = gc.ldexp(x, e))"
 _ANOMALY = "autograd anomaly detection: graphc's gradients are ONNX graphs, not an eager tape"
 
@@ -386,7 +385,6 @@ ABSENT = {
     **dict.fromkeys("get_device get_default_device set_default_device get_device_module Stream Event".split(),
                     _DEVICE),
     **dict.fromkeys("eig symeig lstsq solve".split(), _REMOVED),
-    **dict.fromkeys("gru lstm rnn_relu rnn_tanh".split(), _RNN),
     **dict.fromkeys("as_strided_ i0_ ldexp_ resize_as_".split(), _INPLACE),
     **dict.fromkeys("is_anomaly_enabled is_anomaly_check_nan_enabled set_anomaly_enabled".split(), _ANOMALY),
     "dtype": "torch's dtype class: graphc's dtypes are names (gc.float32 == 'float32', graphc.model.dtypes.DType)",
