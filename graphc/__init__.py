@@ -135,6 +135,7 @@ _TORCH_COVERAGE_OPS = {
 # torch's functional multi-layer recurrent ops, native_* tuples and the reach sweep's aliases, by module
 _REACH_OPS = {
     "graphc.nn.rnn_functional": "lstm gru rnn_tanh rnn_relu",
+    "graphc.dsl.ops_native": "native_layer_norm native_batch_norm native_group_norm native_dropout",
 }
 _SETTINGS_OPS = ("get_default_dtype set_default_dtype use_deterministic_algorithms "
                  "are_deterministic_algorithms_enabled is_deterministic_algorithms_warn_only_enabled").split()

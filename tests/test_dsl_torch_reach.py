@@ -82,3 +82,58 @@ def test_functional_rnn_refusals_name_the_problem():
         gc.capture(lambda x, h: gc.gru(x, np.array([2, 2, 2]), h, w, False, 1, 0.0, False, False), x=x, h=h)
     with pytest.raises(gc.CaptureError, match=r"torch.lstm hx is \[h_0, c_0\]"):
         gc.capture(lambda x, h: gc.lstm(x, h, w, False, 1, 0.0, False, False, False), x=x, h=h)
+
+
+# -- the native_* tuples ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_native_layer_norm_matches_torch(affine):
+    x, w, b = rng(2).standard_normal((2, 3, 4, 5)), rng(3).standard_normal((4, 5)), rng(4).standard_normal((4, 5))
+
+    def fn(M, x, w, b):
+        G = gc if M is F else M.torch
+        return joined(M, G.native_layer_norm(x, [4, 5], w if affine else None, b if affine else None, 1e-5))
+
+    matches_torch(fn, [x, w, b])
+
+
+@pytest.mark.parametrize("training,running", [(True, True), (True, False), (False, True)])
+def test_native_batch_norm_matches_torch(training, running):
+    x, w, b = rng(5).standard_normal((4, 3, 5)), rng(6).standard_normal(3), rng(7).standard_normal(3)
+    stats = {"rm": rng(8).standard_normal(3), "rv": rng(9).uniform(0.5, 2, 3)} if running else {}
+
+    def fn(M, x, w, b, rm=None, rv=None):
+        G = gc if M is F else M.torch
+        return joined(M, G.native_batch_norm(x, w, b, None if rm is None else rm.clone() if G is not gc else rm,
+                                             rv, training, 0.1, 1e-5))
+
+    matches_torch(fn, [x, w, b], stats)
+
+
+def test_native_batch_norm_evaluation_statistics_are_empty():
+    x, rm, rv = rng(5).standard_normal((4, 3)), np.zeros(3), np.ones(3)
+    got = run_both(gc.capture(lambda x: gc.native_batch_norm(x, None, None, rm, rv, False, 0.1, 1e-5), x=x), {"x": x})
+    assert got["output_1"].shape == got["output_2"].shape == (0,)
+
+
+def test_native_group_norm_statistics_are_differentiable_as_torchs():
+    x, w, b = rng(10).standard_normal((2, 4, 3, 2)), rng(11).standard_normal(4), rng(12).standard_normal(4)
+    matches_torch(lambda M, x, w, b: joined(M, (gc if M is F else M.torch).native_group_norm(x, w, b, 2, 4, 6, 2, 1e-5)),
+                  [x, w, b])
+    with pytest.raises(gc.GraphError, match=r"N=2, C=4, HxW=5 do not describe the input \(2, 4, 3, 2\)"):
+        gc.capture(lambda x: gc.native_group_norm(x, None, None, 2, 4, 5, 2, 1e-5), x=x)
+
+
+@pytest.mark.parametrize("train", [True, None, False])
+def test_native_dropout_returns_the_mask_it_applied_and_its_gradient(train):
+    x, c, p = rng(13).standard_normal((40, 50)) + 5, rng(14).standard_normal((40, 50)), 0.3
+    model = gc.capture(lambda x: gc.native_dropout(x, p, train), x=x)
+    want = torch.native_dropout(torch.from_numpy(x), p, train)
+    scale = 1 / (1 - p) if train is not False else 1.0
+    for backend, rtol in (("numpy", 1e-12), ("ort-cpu", 1e-6)):  # onnxruntime scales by a float32 1 / (1 - p)
+        out, mask = gc.Session(model, backend=backend).run({"x": x}).values()
+        assert mask.dtype == want[1].numpy().dtype == np.bool_
+        np.testing.assert_allclose(out, x * mask * scale, rtol=rtol)
+        assert (mask.mean() == 1.0) if train is False else abs(mask.mean() - (1 - p)) < 0.05, (backend, mask.mean())
+        got = gc_grads(lambda M, x: gc.native_dropout(x, p, train)[0], {"x": x}, {}, c, backend=backend)
+        np.testing.assert_allclose(got["x"], c * (got["out"] != 0) * scale, rtol=rtol)
