@@ -137,6 +137,9 @@ _REACH_OPS = {
     "graphc.nn.rnn_functional": "lstm gru rnn_tanh rnn_relu",
     "graphc.dsl.ops_native": "native_layer_norm native_batch_norm native_group_norm native_dropout",
 }
+_RENAMED_OPS = {  # gc name -> (module, function) where torch's top-level name differs from F's
+    "embedding_bag": ("graphc.dsl.ops_embedding", "embedding_bag_with_bags"),
+}
 _SETTINGS_OPS = ("get_default_dtype set_default_dtype use_deterministic_algorithms "
                  "are_deterministic_algorithms_enabled is_deterministic_algorithms_warn_only_enabled").split()
 _REFUSED_OPS = "save get_num_threads set_num_threads".split()
@@ -189,6 +192,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
     **{op: (module, op) for module, ops in _REACH_OPS.items() for op in ops.split()},
+    **_RENAMED_OPS,
     # torch's names that model files and training scripts use beside the ops (the torch names sweep)
     **{op: ("graphc.model.dtype_limits", op) for op in ("finfo", "iinfo")},
     **{op: ("graphc.dsl.seeding", op) for op in ("manual_seed", "initial_seed")},

@@ -137,3 +137,34 @@ def test_native_dropout_returns_the_mask_it_applied_and_its_gradient(train):
         assert (mask.mean() == 1.0) if train is False else abs(mask.mean() - (1 - p)) < 0.05, (backend, mask.mean())
         got = gc_grads(lambda M, x: gc.native_dropout(x, p, train)[0], {"x": x}, {}, c, backend=backend)
         np.testing.assert_allclose(got["x"], c * (got["out"] != 0) * scale, rtol=rtol)
+
+
+# -- torch.embedding_bag's four outputs -------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,padding_idx,last,weighted", [
+    (0, None, False, False), (0, None, False, True), (0, 2, False, False), (1, None, False, False), (1, 2, False, False),
+    (1, None, True, False), (2, None, False, False), (2, 2, False, False), (2, -1, True, False)])
+def test_embedding_bag_four_outputs_match_torch(mode, padding_idx, last, weighted):
+    w, r = rng(15).standard_normal((10, 3)), rng(16)
+    idx = np.array([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = np.array([0, 4, 4, 6, 8] if last else [0, 4, 4, 6])
+    psw = r.standard_normal(8) if weighted else None
+    want = torch.embedding_bag(torch.from_numpy(w), torch.from_numpy(idx), torch.from_numpy(offsets), False, mode,
+                               False, None if psw is None else torch.from_numpy(psw), last, padding_idx)
+    got = run_both(gc.capture(lambda w: gc.embedding_bag(w, idx, offsets, False, mode, False, psw, last, padding_idx),
+                              w=w), {"w": w})
+    for i, t in enumerate(want):
+        assert got[f"output_{i}"].dtype == t.numpy().dtype and got[f"output_{i}"].shape == tuple(t.shape), i
+        np.testing.assert_allclose(got[f"output_{i}"], t.numpy(), rtol=1e-12, err_msg=str(i))
+    matches_torch(lambda M, w: (gc if M is F else M.torch).embedding_bag(
+        w, *[x if M is F else torch.from_numpy(x) for x in (idx, offsets)], False, mode, False,
+        None if psw is None else psw if M is F else torch.from_numpy(psw), last, padding_idx)[0], [w])
+
+
+def test_embedding_bag_float32_sum_keeps_torchs_empty_offset2bag():
+    w, idx, offsets = rng(17).standard_normal((10, 3)).astype(np.float32), np.array([1, 2, 4]), np.array([0, 2])
+    want = torch.embedding_bag(torch.from_numpy(w), torch.from_numpy(idx), torch.from_numpy(offsets))
+    got = run_both(gc.capture(lambda w: gc.embedding_bag(w, idx, offsets), w=w), {"w": w})
+    assert [got[f"output_{i}"].shape for i in range(4)] == [tuple(t.shape) for t in want] == [(2, 3), (0,), (2,), (2,)]
+    with pytest.raises(gc.GraphError, match="torch.embedding_bag takes a 1-D indices, its offsets and an int mode"):
+        gc.capture(lambda w: gc.embedding_bag(w, idx, offsets, False, "sum"), w=w)

@@ -394,7 +394,6 @@ ABSENT = {
     "ModuleDict": "torch's alias of nn.ModuleDict: gc.nn.ModuleDict",
     "ParameterDict": "torch's alias of nn.ParameterDict: gc.nn.ParameterDict",
     "BufferDict": "a dict of buffers: register_buffer each (gc.nn.Module.register_buffer)",
-    "embedding_bag": "torch's internal 4-output form: gc.nn.functional.embedding_bag / gc.nn.EmbeddingBag",
     "embedding_renorm_": "gc.nn.functional.embedding(max_norm=) renormalises the rows it reads",
     "grid_sampler_2d": "gc.grid_sampler / gc.nn.functional.grid_sample",
     "grid_sampler_3d": "gc.grid_sampler / gc.nn.functional.grid_sample",

@@ -56,6 +56,42 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Any = None, max_norm: 
     return total / maximum(count, scalar(1.0, count))
 
 
+def embedding_bag_with_bags(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False,
+                            mode: int = 0, sparse: bool = False, per_sample_weights: Any = None,
+                            include_last_offset: bool = False,
+                            padding_idx: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``torch.embedding_bag`` (``mode`` 0 sum, 1 mean, 2 max; a 1-D ``indices`` and its ``offsets``):
+    ``embedding_bag``'s output and torch CPU's bookkeeping, in ``indices``' dtype: ``offset2bag`` (each position's
+    bag; empty for a sum without ``padding_idx`` of a weight not float64), ``bag_size`` (each bag's non-padding count; zeros for a sum) and
+    ``max_indices`` (a max's ``[B, D]`` row ids of the maxima, 0 for an empty bag; a mean's ``bag_size``, a
+    sum's zeros)."""
+    idx, w = lift(indices), lift(weight)
+    if isinstance(mode, bool) or mode not in (0, 1, 2) or idx.shape is None or idx.ndim != 1 or offsets is None:
+        raise op_error("embedding_bag", [idx, w], f"torch.embedding_bag takes a 1-D indices, its offsets and an "
+                       f"int mode 0 sum, 1 mean or 2 max (got mode={mode!r}); F.embedding_bag takes 2-D bags and "
+                       f"mode names", user_source())
+    out = embedding_bag(idx, w, offsets, None, 2, scale_grad_by_freq, MODES[mode], sparse, per_sample_weights,
+                        include_last_offset, padding_idx)
+    offsets = cast(lift(offsets), "int64")
+    starts = offsets[:-1] if include_last_offset else offsets
+    mask = _members(idx, offsets, include_last_offset)  # [B, T]
+    if padding_idx is not None:
+        mask = mask & unsqueeze(idx != lift(padding_idx % w.shape[0], idx), [0])
+    positions = cumsum(ones_like(idx, "int64"), 0) - const_i64([1])
+    offset2bag = reduce_sum(cast(unsqueeze(starts, [1]) <= unsqueeze(positions, [0]), "int64"), 0) - const_i64([1])
+    zeros = cast(reduce_sum(cast(mask, "int64"), -1) * const_i64([0]), idx.dtype)  # [B]
+    if mode == 0 and padding_idx is None and w.dtype != "float64":  # torch CPU's fast path keeps no offset2bag
+        offset2bag = const_i64(np.zeros(0, np.int64))
+    bag_size = zeros if mode == 0 else cast(reduce_sum(cast(mask, "int64"), -1), idx.dtype)
+    if mode < 2:
+        return out, cast(offset2bag, idx.dtype), bag_size, bag_size
+    rows = unsqueeze(embedding(idx, w), [0])  # [1, T, D]
+    hit = unsqueeze(mask, [-1]) & (rows == unsqueeze(out, [1]))  # [B, T, D]: a maximum of its bag
+    ids = unsqueeze(unsqueeze(cast(idx, "int64"), [0]), [-1])
+    picked = reduce_max(where(hit, ids, const_i64([0])), 1)
+    return out, cast(offset2bag, idx.dtype), bag_size, cast(picked, idx.dtype)
+
+
 def _members(idx: Tensor, offsets: Tensor, include_last_offset: bool) -> Tensor:
     """``[B, T]``: whether position ``t`` of a 1-D ``idx`` is in bag ``b`` (``starts[b] <= t < ends[b]``)."""
     offsets = cast(offsets, "int64")
@@ -101,4 +137,4 @@ def _check(idx: Tensor, w: Tensor, offsets: Any, scale_grad_by_freq: bool, mode:
             fail(f"per_sample_weights has shape {list(shape)}; expected input's {list(idx.shape)}")
 
 
-__all__ = ["embedding_bag"]
+__all__ = ["embedding_bag", "embedding_bag_with_bags"]
