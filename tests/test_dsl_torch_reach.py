@@ -168,3 +168,42 @@ def test_embedding_bag_float32_sum_keeps_torchs_empty_offset2bag():
     assert [got[f"output_{i}"].shape for i in range(4)] == [tuple(t.shape) for t in want] == [(2, 3), (0,), (2,), (2,)]
     with pytest.raises(gc.GraphError, match="torch.embedding_bag takes a 1-D indices, its offsets and an int mode"):
         gc.capture(lambda w: gc.embedding_bag(w, idx, offsets, False, "sum"), w=w)
+
+
+# -- aliases: grid_sampler_2d/3d, unfold_copy, i0_/ldexp_, the Householder methods ---------------------------
+
+def test_grid_sampler_2d_and_3d_match_torch_and_check_the_rank():
+    x2, g2 = rng(18).standard_normal((1, 2, 4, 5)), rng(19).uniform(-1, 1, (1, 3, 2, 2))
+    matches_torch(lambda M, x, g: (gc if M is F else M.torch).grid_sampler_2d(x, g, 0, 1, False), [x2, g2])
+    x3, g3 = rng(20).standard_normal((1, 2, 3, 4, 5)), rng(21).uniform(-1, 1, (1, 2, 2, 2, 3))
+    matches_torch(lambda M, x, g: (gc if M is F else M.torch).grid_sampler_3d(x, g, 0, 0, True), [x3, g3],
+                  rtol=1e-9)
+    with pytest.raises(gc.CaptureError, match="grid_sampler_3d takes a rank-5 input, got float64"):
+        gc.capture(lambda x, g: gc.grid_sampler_3d(x, g, 0, 0, False), x=x2, g=g2)
+
+
+def test_unfold_copy_and_the_top_level_in_place_special_functions_match_torch():
+    x = rng(22).uniform(0.5, 2, (3, 7))
+    matches_torch(lambda M, x: (gc if M is F else M.torch).unfold_copy(x, 1, 3, 2), [x])
+    e = np.array([[1, -2, 0, 3, 1, 2, -1]] * 3)
+    want_i0, want_ldexp = torch.from_numpy(x.copy()).i0_(), torch.from_numpy(x.copy()).ldexp_(torch.from_numpy(e))
+
+    def both(x):
+        a, b = x + 0, x * 1
+        gc.i0_(a)
+        gc.ldexp_(b, e)
+        return a, b
+
+    got = run_both(gc.capture(both, x=x), {"x": x})
+    np.testing.assert_allclose(got["output_0"], want_i0.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got["output_1"], want_ldexp.numpy(), rtol=1e-12)
+
+
+def test_householder_methods_match_torch():
+    a, c = rng(23).standard_normal((2, 5, 3)), rng(24).standard_normal((2, 5, 2))
+    tau = torch.geqrf(torch.from_numpy(a))[1].numpy()
+    matches_torch(lambda M, a, t: a.orgqr(t), [a, tau], rtol=1e-9, atol=1e-11)
+    matches_torch(lambda M, a, t, c: a.ormqr(t, c, True, True), [a, tau, c], rtol=1e-9, atol=1e-11)
+    got = run_both(gc.capture(lambda a: a.geqrf(), a=a), {"a": a})
+    for i, t in enumerate(torch.from_numpy(a).geqrf()):
+        np.testing.assert_allclose(got[f"output_{i}"], t.numpy(), rtol=1e-10, atol=1e-12)

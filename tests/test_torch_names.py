@@ -345,7 +345,7 @@ _THREADS = "graphc has no process-wide thread count: gc.Session(model, threads=N
 _DEVICE = "graphc's values have no device: the backend places the graph (gc.Session(model, backend='ort-cuda'))"
 _INTERNAL = "torch's own machinery, not called by model code"
 _REMOVED = "removed from torch (torch.linalg's replace it): gc.linalg.solve / lstsq / eigh"
-_INPLACE = "an in-place form graphc lacks: assign the result (x = gc.i0(x), x = gc.ldexp(x, e))"
+_INPLACE = "an in-place form graphc lacks: assign the result (x = gc.as_strided(x, ...))"
 _ANOMALY = "autograd anomaly detection: graphc's gradients are ONNX graphs, not an eager tape"
 
 # torch callables (torch 2.13) that are not gc names, by pattern, and why
@@ -385,7 +385,7 @@ ABSENT = {
     **dict.fromkeys("get_device get_default_device set_default_device get_device_module Stream Event".split(),
                     _DEVICE),
     **dict.fromkeys("eig symeig lstsq solve".split(), _REMOVED),
-    **dict.fromkeys("as_strided_ i0_ ldexp_ resize_as_".split(), _INPLACE),
+    **dict.fromkeys("as_strided_ resize_as_".split(), _INPLACE),
     **dict.fromkeys("is_anomaly_enabled is_anomaly_check_nan_enabled set_anomaly_enabled".split(), _ANOMALY),
     "dtype": "torch's dtype class: graphc's dtypes are names (gc.float32 == 'float32', graphc.model.dtypes.DType)",
     "layout": "strided/sparse layouts: graphc's values are dense",
@@ -395,8 +395,6 @@ ABSENT = {
     "ParameterDict": "torch's alias of nn.ParameterDict: gc.nn.ParameterDict",
     "BufferDict": "a dict of buffers: register_buffer each (gc.nn.Module.register_buffer)",
     "embedding_renorm_": "gc.nn.functional.embedding(max_norm=) renormalises the rows it reads",
-    "grid_sampler_2d": "gc.grid_sampler / gc.nn.functional.grid_sample",
-    "grid_sampler_3d": "gc.grid_sampler / gc.nn.functional.grid_sample",
     "lobpcg": "an iterative eigensolver: gc.linalg.eigh",
     "pca_lowrank": "randomized low-rank PCA: gc.linalg.svd of the centred data",
     "svd_lowrank": "randomized low-rank SVD: gc.linalg.svd",
@@ -416,7 +414,6 @@ ABSENT = {
     "set_default_tensor_type": "deprecated in torch: gc.set_default_dtype (float32 only)",
     "set_flush_denormal": "per session: gc.Session(model, flush_denormals=True)",
     "set_printoptions": "a gc.Tensor prints through numpy: np.set_printoptions",
-    "unfold_copy": "x.unfold(dimension, size, step)",
 }
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import (ops, ops_array, ops_binary, ops_dropout, ops_layers, ops_linalg, ops_nn, ops_pool,
-                        ops_random, ops_reshape, ops_spatial, ops_views)
+from graphc.dsl import (linalg_householder, ops, ops_array, ops_binary, ops_dropout, ops_layers, ops_linalg, ops_nn,
+                        ops_pool, ops_random, ops_reshape, ops_search, ops_spatial, ops_views)
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ctc import ctc_loss as _ctc_loss
 from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance, pdist
@@ -155,6 +155,22 @@ def grid_sampler(input: Tensor, grid: Tensor, interpolation_mode: int, padding_m
     return ops_spatial.grid_sample(input, grid, mode, padding, align_corners)
 
 
+def _grid_sampler_nd(rank: int) -> Any:
+    def fn(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,  # noqa: A002
+           align_corners: bool) -> Tensor:
+        if not isinstance(input, Tensor) or input.shape is None or len(input.shape) != rank:
+            raise CaptureError(f"grid_sampler_{rank - 2}d takes a rank-{rank} input, got "
+                               f"{input.type_str() if isinstance(input, Tensor) else type(input).__name__} "
+                               f"(at {user_source()}); gc.grid_sampler takes either")
+        return grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners)
+    fn.__name__ = f"grid_sampler_{rank - 2}d"
+    fn.__doc__ = f"``torch.grid_sampler_{rank - 2}d``: ``grid_sampler`` of a rank-{rank} input."
+    return fn
+
+
+grid_sampler_2d, grid_sampler_3d = _grid_sampler_nd(4), _grid_sampler_nd(5)
+
+
 def affine_grid_generator(theta: Tensor, size: Any, align_corners: bool) -> Tensor:
     """``torch.affine_grid_generator``: ``F.affine_grid``."""
     return ops_spatial.affine_grid(theta, size, align_corners)
@@ -202,7 +218,8 @@ _TORCH_METHODS = (
     "abs_ acos_ acosh_ addmv_ arccos_ arccosh_ arcsin_ arcsinh_ arctan_ arctanh_ asin_ asinh_ atan_ atanh_ "
     "ceil_ clamp_ clamp_max_ clamp_min_ clip_ cos_ cosh_ deg2rad_ detach_ erf_ erfc_ exp2_ exp_ expm1_ fill_ fix_ "
     "floor_ frac_ gcd_ index_put_ lcm_ log10_ log1p_ log2_ log_ logit_ nan_to_num_ neg_ negative_ rad2deg_ "
-    "reciprocal_ round_ rsqrt_ sigmoid_ sin_ sinc_ sinh_ sqrt_ square_ tan_ tanh_ trunc_ xlogy_ zero_ conj_physical_"
+    "reciprocal_ round_ rsqrt_ sigmoid_ sin_ sinc_ sinh_ sqrt_ square_ tan_ tanh_ trunc_ xlogy_ zero_ conj_physical_ "
+    "i0_ ldexp_"
 ).split()
 globals().update({name: _method(name) for name in _TORCH_METHODS})
 
@@ -378,6 +395,7 @@ _COPIES = {
     "slice_copy": _slice, "split_copy": ops_array.split, "split_with_sizes_copy": ops_reshape.split_with_sizes,
     "squeeze_copy": ops_reshape.squeeze, "t_copy": ops_views.t, "transpose_copy": ops_reshape.swapaxes,
     "unbind_copy": ops_reshape.unbind, "unsqueeze_copy": ops_reshape.unsqueeze, "view_copy": _view,
+    "unfold_copy": ops_search.windows,
 }
 globals().update({name: _copied(fn, name) for name, fn in _COPIES.items()})
 
@@ -400,6 +418,7 @@ METHODS = {
     "msort": msort, "conj": conj, "resolve_conj": conj, "resolve_neg": conj, "conj_physical": conj_physical,
     "real": property(conj), "is_conj": is_conj, "is_neg": is_conj, "prelu": prelu, "ger": ger,
     "is_contiguous": _is_contiguous, "cpu": lambda a, *args, **kwargs: a, "cuda": lambda a, *args, **kwargs: a,
+    "geqrf": linalg_householder.geqrf, "orgqr": linalg_householder.orgqr, "ormqr": linalg_householder.ormqr,
     **INPLACE_METHODS,
 }
 
@@ -410,7 +429,8 @@ __all__ = [
     "threshold",
     "group_norm", "instance_norm", "kl_div", "binary_cross_entropy_with_logits", "cosine_embedding_loss",
     "hinge_embedding_loss", "margin_ranking_loss", "triplet_margin_loss", "poisson_nll_loss", "ctc_loss",
-    "adaptive_max_pool1d", "constant_pad_nd", "grid_sampler", "affine_grid_generator", "rsub", "rrelu",
+    "adaptive_max_pool1d", "constant_pad_nd", "grid_sampler", "grid_sampler_2d", "grid_sampler_3d",
+    "affine_grid_generator", "rsub", "rrelu",
     "alpha_dropout", "feature_alpha_dropout", "feature_dropout", "native_channel_shuffle", *_TORCH_METHODS,
     "relu_", "selu_", "celu_", "threshold_", "rrelu_", "dropout_", "alpha_dropout_", "feature_alpha_dropout_",
     "feature_dropout_", "fill", "conj", "resolve_conj", "resolve_neg", "real", "conj_physical", "imag", "is_conj",
