@@ -138,6 +138,7 @@ _TORCH_COVERAGE_OPS = {
 _REACH_OPS = {
     "graphc.nn.rnn_functional": "lstm gru rnn_tanh rnn_relu",
     "graphc.dsl.ops_native": "native_layer_norm native_batch_norm native_group_norm native_dropout",
+    "graphc.dsl.methods_values": "is_nonzero",
 }
 _RENAMED_OPS = {  # gc name -> (module, function) where torch's top-level name differs from F's
     "embedding_bag": ("graphc.dsl.ops_embedding", "embedding_bag_with_bags"),

@@ -207,3 +207,90 @@ def test_householder_methods_match_torch():
     got = run_both(gc.capture(lambda a: a.geqrf(), a=a), {"a": a})
     for i, t in enumerate(torch.from_numpy(a).geqrf()):
         np.testing.assert_allclose(got[f"output_{i}"], t.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# -- post-accumulate hooks, and the Tensor attributes a captured value has no place for --------------------
+
+def _hooked_grads(lib, params, x, y, backend=None):
+    """d loss / d params of a 4-3-1 MLP whose first weight has a pre hook (x3) registered after a post-accumulate
+    hook that clamps ``.grad`` in place and whose second weight's post hook assigns ``.grad``."""
+    kw = {"dtype": "float64"} if lib is gc else {}
+
+    class Net(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = lib.nn.Sequential(lib.nn.Linear(4, 3, **kw), lib.nn.Tanh(), lib.nn.Linear(3, 1, **kw))
+
+        def forward(self, x, y):
+            return ((self.net(x) - y) ** 2).sum()
+
+    def clamp(p):
+        p.grad.clamp_(-0.05, 0.05)
+
+    net = Net().double() if lib is torch else Net()
+    for k, p in net.named_parameters():
+        p.data = torch.tensor(params[k]) if lib is torch else params[k]
+    net.net[0].weight.register_post_accumulate_grad_hook(clamp)
+    net.net[0].weight.register_hook(lambda g: g * 3)
+    net.net[2].weight.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", p.grad * p.grad.abs()))
+    if lib is torch:
+        net(torch.tensor(x), torch.tensor(y)).backward()
+        return {k: p.grad.numpy() for k, p in net.named_parameters()}
+    grads = gc.Session(gc.grad(gc.capture(net, x=x, y=y), "output"), backend=backend).run({"x": x, "y": y})
+    return {k.removesuffix("_grad"): v for k, v in grads.items() if k.endswith("_grad")}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_post_accumulate_grad_hooks_change_the_gradient_as_torchs(backend):
+    r = rng(25)
+    params = {"net.0.weight": r.standard_normal((3, 4)), "net.0.bias": r.standard_normal(3),
+              "net.2.weight": r.standard_normal((1, 3)), "net.2.bias": r.standard_normal(1)}
+    x, y = r.standard_normal((8, 4)), r.standard_normal((8, 1))
+    want = _hooked_grads(torch, params, x, y)
+    assert np.abs(want["net.0.weight"]).max() == pytest.approx(0.05)  # the clamp bites
+    got = _hooked_grads(gc, params, x, y, backend)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+def test_post_accumulate_grad_hook_refuses_none_a_result_and_uncallables():
+    lin = gc.nn.Linear(2, 1)
+    handle = lin.weight.register_post_accumulate_grad_hook(lambda p: p.grad)
+    with pytest.raises(gc.CaptureError, match="post accumulate grad hooks should return None"):
+        gc.grad(gc.capture(lambda x: lin(x).sum(), x=np.ones((3, 2), np.float32)), "output")
+    handle.remove()
+    with pytest.raises(TypeError, match="register_post_accumulate_grad_hook at .*a hook must be callable"):
+        lin.weight.register_post_accumulate_grad_hook(3)
+    lin.weight.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    with pytest.raises(gc.CaptureError, match="set .grad to None; torch then skips the parameter's update"):
+        gc.grad(gc.capture(lambda x: lin(x).sum(), x=np.ones((3, 2), np.float32)), "output")
+
+
+@pytest.mark.parametrize("read,words", [
+    (lambda x: x.sum().item() * x, r"reducesum.item\(\) at .*test_dsl_torch_reach.py:\d+ reads traced value"),
+    (lambda x: gc.tensor(x.tolist()), r"x.tolist\(\) at .*test_dsl_torch_reach.py:\d+ reads traced value x: float32"),
+    (lambda x: x * gc.is_nonzero(x[0, 0]), r"torch.is_nonzero at .*: branch in the graph with gc.where"),
+    (lambda x: x.retain_grad(), r"x.retain_grad\(\) at .*fills no .grad; take an intermediate's gradient with "
+                                r"gc.autograd.grad"),
+    (lambda x: x.grad, r"x.grad at .*test_dsl_torch_reach.py:\d+: a captured value has no .grad"),
+    (lambda x: x.register_post_accumulate_grad_hook(print), r"leaf tensors only: register it on the gc.nn.Parameter"),
+])
+def test_python_values_and_autograd_attributes_of_traced_values_are_refused_naming_the_line(read, words):
+    with pytest.raises(gc.CaptureError, match=words):
+        gc.capture(read, x=np.ones((2, 3), np.float32))
+
+
+def test_values_made_outside_a_capture_are_read_and_new_makes_torchs_tensors():
+    made = gc.tensor([[1.5, 0.0]], dtype="float64")
+    t = torch.tensor([[1.5, 0.0]], dtype=torch.float64)
+    assert made[0, 0].item() == t[0, 0].item() and made.tolist() == t.tolist()
+    assert gc.is_nonzero(made[0, :1]) is torch.is_nonzero(t[0, :1]) is True
+    assert gc.is_nonzero(made[0, 1]) is torch.is_nonzero(t[0, 1]) is False
+    with pytest.raises(gc.CaptureError, match="a Tensor with 2 elements cannot be converted to a Python scalar"):
+        made.item()
+    assert made.retains_grad is False
+    x = np.ones((2, 3), np.float32)
+    got = run_both(gc.capture(lambda x: (x.new(2, 4), x.new([1, 2]), x.new()), x=x), {"x": x})
+    for i, want in enumerate((t.float().new(2, 4).zero_(), torch.ones(1).new([1, 2]), torch.ones(1).new())):
+        assert got[f"output_{i}"].dtype == want.numpy().dtype and got[f"output_{i}"].shape == tuple(want.shape)
+    np.testing.assert_array_equal(got["output_1"], [1, 2])

@@ -404,7 +404,6 @@ ABSENT = {
     "from_file": "np.fromfile then gc.from_numpy",
     "frombuffer": "np.frombuffer then gc.from_numpy",
     "is_inference": "torch's inference tensors: a graphc Tensor is not one (gc.is_inference_mode_enabled)",
-    "is_nonzero": "bool of a one-element tensor; a captured value is known at run time only: gc.cond / gc.where",
     "get_deterministic_debug_mode": "graphc's flag has no debug modes (gc.use_deterministic_algorithms)",
     "set_deterministic_debug_mode": "graphc's flag has no debug modes (gc.use_deterministic_algorithms)",
     "get_float32_matmul_precision": "no TF32 switch: float32 matmuls run as the backend's float32 kernels",

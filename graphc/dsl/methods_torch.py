@@ -12,6 +12,7 @@ import numpy as np
 from graphc.dsl import (
     grad_hooks,
     linalg_legacy,
+    methods_values,
     ops,
     ops_aliases,
     ops_array,
@@ -232,6 +233,8 @@ METHODS = {
     "stft": ops_spectral.stft, "istft": ops_spectral.istft,
     # simple methods, in-place forms and the conjugate family of real dtypes (ops_aliases.py)
     **ops_aliases.METHODS,
+    # reading values into Python, the legacy new, and torch's autograd attributes (methods_values.py)
+    **methods_values.METHODS,
     # searching, binning, distances, windows over a dim and index writes (ops_search.py)
     "unfold": ops_search.windows, "put": ops_search.put, "put_": in_place(ops_search.put),
     "index_reduce": ops_search.index_reduce, "index_reduce_": in_place(ops_search.index_reduce),

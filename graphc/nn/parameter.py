@@ -109,6 +109,15 @@ class Parameter(Sized):
             handle.add(apply_hook(builder, builder.param_tensors[id(self)], hook, label))
         return handle
 
+    def register_post_accumulate_grad_hook(self, hook: Any) -> HookHandle:
+        """torch's ``hook(param)``, run once the gradient is in ``param.grad``: ``hook`` gets the parameter with
+        ``.grad`` the gradient (after every ``register_hook`` hook registered before the capture), and what it
+        leaves there (assigned, or changed in place: ``p.grad.clamp_(-1, 1)``) is the gradient ``gc.grad`` gives
+        and a training graph steps by; it returns None, as torch's must. A training graph zeroes gradients
+        every step, so ``.grad`` holds the step's gradient (under ``accumulate=k``, each micro-batch's)."""
+        return self.register_hook(_PostAccumulate(self, hook, f"Parameter.register_post_accumulate_grad_hook "
+                                                              f"at {user_source()}"))
+
     def draw(self, rng: np.random.Generator) -> None:
         if not self.user_set:
             self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
@@ -149,6 +158,36 @@ for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_
     setattr(Parameter, _name, _in_place(_name))
 
 
+class _PostAccumulate:
+    """A post-accumulate hook as a gradient hook: ``hook`` called with ``_Accumulated``, its ``.grad`` returned."""
+
+    def __init__(self, param: Parameter, hook: Any, where: str) -> None:
+        refuse_uncallable(hook, where)
+        self.param, self.hook, self.where = param, hook, where
+        self.__qualname__, self.__code__ = getattr(hook, "__qualname__", type(hook).__name__), getattr(
+            hook, "__code__", None)
+
+    def __call__(self, grad: Tensor) -> Tensor:
+        seen = _Accumulated(self.param, grad)
+        if self.hook(seen) is not None:
+            raise CaptureError(f"{self.where}: post accumulate grad hooks should return None (as torch's); change "
+                               "p.grad in place or assign it")
+        if seen.grad is None:
+            raise CaptureError(f"{self.where}: the hook set .grad to None; torch then skips the parameter's update, "
+                               "which a training graph cannot: freeze it with requires_grad_(False)")
+        return seen.grad
+
+
+class _Accumulated:
+    """The parameter as a post-accumulate hook sees it: its attributes, and ``.grad`` the gradient."""
+
+    def __init__(self, param: Parameter, grad: Tensor) -> None:
+        self._param, self.grad = param, grad
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._param, name)
+
+
 def held_array(param: Parameter, value: Any) -> np.ndarray:
     """``value`` as ``param`` holds it: torch's complex array of a complex parameter as its real pair."""
     array = np.asarray(value)
@@ -174,8 +213,8 @@ def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> T
     tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
     tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
     builder.param_tensors[id(param)] = tensor
-    for hook, label in param.grad_hooks.values():
-        apply_hook(builder, tensor, hook, label)
+    for hook, label in sorted(param.grad_hooks.values(), key=lambda h: isinstance(h[0], _PostAccumulate)):
+        apply_hook(builder, tensor, hook, label)  # post-accumulate hooks after the others, as torch runs them
     if param.buffer:
         builder.buffers.append(tensor.value.name)
         if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it
