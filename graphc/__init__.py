@@ -125,7 +125,8 @@ _FAKE_QUANTIZE_LEARNABLE_OPS = ("fake_quantize_learnable_per_tensor_affine "
                                 "fake_quantize_learnable_per_channel_affine").split()
 # torch's names still missing (the torch coverage sweep), by graphc.dsl module
 _TORCH_COVERAGE_OPS = {
-    "linalg_legacy": "svd qr lu pinverse matrix_rank nuclear_norm frobenius_norm norm_except_dim",
+    "linalg_legacy": ("svd qr lu pinverse matrix_rank nuclear_norm frobenius_norm norm_except_dim lu_solve "
+                      "svd_lowrank pca_lowrank"),
     "ops_strided": "as_strided as_strided_copy as_strided_scatter empty_strided empty_permuted",
     "ops_torch_misc": "nonzero_static unsafe_chunk unsafe_split unsafe_split_with_sizes angle binomial",
     "ops_segment": "segment_reduce",

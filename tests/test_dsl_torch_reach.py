@@ -294,3 +294,32 @@ def test_values_made_outside_a_capture_are_read_and_new_makes_torchs_tensors():
     for i, want in enumerate((t.float().new(2, 4).zero_(), torch.ones(1).new([1, 2]), torch.ones(1).new())):
         assert got[f"output_{i}"].dtype == want.numpy().dtype and got[f"output_{i}"].shape == tuple(want.shape)
     np.testing.assert_array_equal(got["output_1"], [1, 2])
+
+
+# -- torch.lu_solve, svd_lowrank, pca_lowrank ---------------------------------------------------------------
+
+def test_lu_solve_is_torchs_deprecated_argument_order():
+    a, b = rng(26).standard_normal((2, 4, 4)), rng(27).standard_normal((2, 4, 3))
+    lu, piv = (t.numpy() for t in torch.linalg.lu_factor(torch.from_numpy(a)))
+    with pytest.warns(UserWarning, match="deprecated"):
+        want = torch.lu_solve(torch.from_numpy(b), torch.from_numpy(lu), torch.from_numpy(piv)).numpy()
+    got = run_both(gc.capture(lambda b, lu: gc.lu_solve(b, lu, piv), b=b, lu=lu), {"b": b, "lu": lu})["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_svd_lowrank_and_pca_lowrank_give_the_top_singular_triplets():
+    r = rng(28)
+    a = r.standard_normal((2, 7, 3)) @ r.standard_normal((2, 3, 5))  # rank 3: torch's randomized result is exact
+    for fn, q in (("svd_lowrank", 3), ("pca_lowrank", None)):
+        want = getattr(torch, fn)(torch.from_numpy(a), q)
+        got = run_both(gc.capture(lambda a: getattr(gc, fn)(a, q), a=a), {"a": a})
+        u, s, v = (got[f"output_{i}"] for i in range(3))
+        assert [u.shape, s.shape, v.shape] == [tuple(t.shape) for t in want]
+        np.testing.assert_allclose(s, want[1].numpy(), rtol=1e-10, atol=1e-13)  # pca: q 5, two zeros
+        np.testing.assert_allclose((u * s[..., None, :]) @ np.swapaxes(v, -1, -2),
+                                   (want[0] * want[1][..., None, :] @ want[2].mT).numpy(), rtol=1e-9, atol=1e-10)
+    # the gradient of the exact top-q singular values (torch's randomized one approximates it)
+    matches_torch(lambda M, a: gc.svd_lowrank(a, 2)[1] if M is F else M.torch.linalg.svdvals(a)[..., :2],
+                  [r.standard_normal((6, 4))], rtol=1e-9)
+    with pytest.raises(gc.CaptureError, match=r"pca_lowrank q=4 must be .* not greater than min\(m, n\)=3"):
+        gc.capture(lambda a: gc.pca_lowrank(a, 4), a=a[0, :3])

@@ -1,5 +1,6 @@
-"""torch's older top-level linear algebra (``torch.svd``, ``qr``, ``lu``, ``pinverse``, ``nuclear_norm``,
-``frobenius_norm``, ``norm_except_dim``) over ``gc.linalg``; ``torch.matrix_rank``'s removal error."""
+"""torch's older top-level linear algebra (``torch.svd``, ``qr``, ``lu``, ``lu_solve``, ``pinverse``, ``nuclear_norm``,
+``frobenius_norm``, ``norm_except_dim``, ``svd_lowrank``, ``pca_lowrank``) over ``gc.linalg``; ``torch.matrix_rank``'s
+removal error."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.linalg import QR, matrix_norm, pinv
 from graphc.dsl.linalg import qr as linalg_qr
 from graphc.dsl.linalg_ex import lu_factor_ex
-from graphc.dsl.ops import lift
+from graphc.dsl.ops import lift, mean
 from graphc.dsl.ops_array import expand, zeros_like
 from graphc.dsl.ops_eigen import svd as linalg_svd
 from graphc.dsl.ops_math import norm
+from graphc.dsl.ops_solve import lu_solve as linalg_lu_solve
 from graphc.dsl.ops_solve import matrix_dims
 from graphc.dsl.ops_views import narrow, swap_last
 from graphc.dsl.tensor import Tensor
@@ -56,6 +58,38 @@ def lu(A: Any, pivot: bool = True, get_infos: bool = False) -> tuple[Tensor, ...
     """``torch.lu``: ``(A_LU, pivots)``, and the int32 ``infos`` when ``get_infos`` (square ``A`` only)."""
     packed, pivots, info = lu_factor_ex(A, pivot=pivot)
     return (packed, pivots, info) if get_infos else (packed, pivots)
+
+
+def lu_solve(b: Any, LU_data: Any, LU_pivots: Any) -> Tensor:  # noqa: N803 - torch's names
+    """``torch.lu_solve`` (deprecated in torch): ``gc.linalg.lu_solve(LU_data, LU_pivots, b)``."""
+    return linalg_lu_solve(LU_data, LU_pivots, b)
+
+
+def svd_lowrank(A: Any, q: int | None = 6, niter: int | None = 2, M: Any = None) -> SVDV:  # noqa: N803
+    """``torch.svd_lowrank``: ``(U (..., m, q), S (..., q), V (..., n, q))`` of ``A - M``, its ``q`` largest
+    singular triplets (``q`` at most ``min(m, n)``), computed exactly: torch's randomized range finder (``niter``
+    power iterations, accepted and unused here) approximates these, so signs and an inexact low-rank tail may
+    differ from torch's."""
+    a = lift(A)
+    a = a if M is None else a - lift(M, a)
+    m, n = matrix_dims("svd_lowrank", a, "A")
+    if isinstance(q, bool) or not isinstance(q, int) or q < 0:
+        raise CaptureError(f"svd_lowrank q={q!r} must be a non-negative int (at {user_source()})")
+    q = min(q, m, n)
+    u, s, v = svd(a)
+    return SVDV(u[..., :q], s[..., :q], v[..., :q])
+
+
+def pca_lowrank(A: Any, q: int | None = None, center: bool = True, niter: int = 2) -> SVDV:  # noqa: N803
+    """``torch.pca_lowrank``: ``svd_lowrank`` of ``A`` less its column means (``center``); ``q`` defaults to
+    ``min(6, m, n)`` and may not exceed ``min(m, n)``, as torch's."""
+    a = lift(A)
+    m, n = matrix_dims("pca_lowrank", a, "A")
+    q = min(6, m, n) if q is None else q
+    if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q <= min(m, n):
+        raise CaptureError(f"pca_lowrank q={q!r} must be a non-negative int not greater than min(m, n)="
+                           f"{min(m, n)} (at {user_source()})")
+    return svd_lowrank(a - mean(a, -2, keepdims=True) if center else a, q, niter)
 
 
 @autocast_op()
