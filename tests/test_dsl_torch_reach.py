@@ -323,3 +323,15 @@ def test_svd_lowrank_and_pca_lowrank_give_the_top_singular_triplets():
                   [r.standard_normal((6, 4))], rtol=1e-9)
     with pytest.raises(gc.CaptureError, match=r"pca_lowrank q=4 must be .* not greater than min\(m, n\)=3"):
         gc.capture(lambda a: gc.pca_lowrank(a, 4), a=a[0, :3])
+
+
+def test_functional_lstm_takes_numpy_weights_in_the_inputs_dtype_at_a_symbolic_length():
+    twin = torch.nn.LSTM(4, 5, 2, proj_size=3).double()
+    weights = [w.detach().numpy() for w in twin._flat_weights]
+    x, h, c = rng(29).standard_normal((7, 2, 4)), np.zeros((2, 2, 3)), np.zeros((2, 2, 5))
+    model = gc.capture(lambda x, h, c: gc.lstm(x, [h, c], weights, True, 2, 0.0, False, False, False),
+                       x=gc.spec("float64", ("T", 2, 4)), h=gc.spec("float64", (2, 2, 3)), c=gc.spec("float64", (2, 2, 5)))
+    got = run_both(model, {"x": x, "h": h, "c": c})
+    out, (h_n, c_n) = twin(torch.from_numpy(x))
+    for i, want in enumerate((out, h_n, c_n)):
+        np.testing.assert_allclose(got[f"output_{i}"], want.detach().numpy(), rtol=1e-10, atol=1e-14)

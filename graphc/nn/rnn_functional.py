@@ -27,7 +27,7 @@ def _held(cls: type, fn: str, x: Any, hx: list[Tensor], params: Any, has_biases:
         raise CaptureError(f"torch.{fn}(data, batch_sizes, hx, params, ...), the packed form, is not captured: "
                            f"pack with gc.nn.utils.rnn.pack_padded_sequence and run gc.nn.{cls.__name__} on it; "
                            f"{fn}'s third argument is the list of weights {where}")
-    params = [ops.lift(p) for p in params]
+    params = [ops.lift(p, x) for p in params]  # numpy weights take the input's dtype
     hidden = hx[-1].shape[-1] if hx[-1].shape else None
     proj = hx[0].shape[-1] if cls is LSTM and hx[0].shape and hx[0].shape[-1] != hidden else 0
     directions = 2 if bidirectional else 1
@@ -58,20 +58,21 @@ def lstm(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dr
     ``[h_0, c_0]`` (an ``h_0`` narrower than ``c_0``: an LSTM with projections)."""
     if not isinstance(hx, (list, tuple)) or len(hx) != 2:
         raise CaptureError(f"torch.lstm hx is [h_0, c_0], got {type(hx).__name__} (at {user_source()})")
-    h0, c0 = (ops.lift(h) for h in hx)
-    rnn = _held(LSTM, "lstm", ops.lift(input), [h0, c0], params, has_biases, num_layers, dropout, train,
-                bidirectional, batch_first)
-    out, (h_n, c_n) = rnn._run(ops.lift(input), (h0, c0))
+    x = ops.lift(input)
+    h0, c0 = (ops.lift(h, x) for h in hx)
+    rnn = _held(LSTM, "lstm", x, [h0, c0], params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    out, (h_n, c_n) = rnn._run(x, (h0, c0))
     return out, h_n, c_n
 
 
 def _single_state(cls: type, fn: str, nonlinearity: str = "tanh") -> Any:
     def run(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float,  # noqa: A002
             train: bool, bidirectional: bool, batch_first: bool) -> tuple[Tensor, Tensor]:
-        h0 = ops.lift(hx)
-        rnn = _held(cls, fn, ops.lift(input), [h0], params, has_biases, num_layers, dropout, train, bidirectional,
-                    batch_first, nonlinearity)
-        out, (h_n,) = rnn._run(ops.lift(input), h0)
+        x = ops.lift(input)
+        h0 = ops.lift(hx, x)
+        rnn = _held(cls, fn, x, [h0], params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                    nonlinearity)
+        out, (h_n,) = rnn._run(x, h0)
         return out, h_n
     run.__name__ = fn
     run.__doc__ = f"``torch.{fn}``: ``(output, h_n)`` of ``nn.{cls.__name__}`` with ``params`` as its flat weights."
