@@ -82,6 +82,10 @@ def test_functional_rnn_refusals_name_the_problem():
         gc.capture(lambda x, h: gc.gru(x, np.array([2, 2, 2]), h, w, False, 1, 0.0, False, False), x=x, h=h)
     with pytest.raises(gc.CaptureError, match=r"torch.lstm hx is \[h_0, c_0\]"):
         gc.capture(lambda x, h: gc.lstm(x, h, w, False, 1, 0.0, False, False, False), x=x, h=h)
+    with pytest.raises(gc.CaptureError, match=r"torch.lstm\(data, batch_sizes, hx, params, ...\), the packed form"):
+        gc.capture(lambda x, h: gc.lstm(x, np.array([2, 2, 2]), [h, h], w, False, 1, 0.0, False, False), x=x, h=h)
+    with pytest.raises(gc.CaptureError, match=r"torch.gru takes a rank-3 input \(L, N, H_in\), got float64\[2,4\]"):
+        gc.capture(lambda x, h: gc.gru(x[0], h, w, False, 1, 0.0, False, False, False), x=x, h=h)
 
 
 # -- the native_* tuples ----------------------------------------------------------------------------

@@ -23,10 +23,11 @@ def _held(cls: type, fn: str, x: Any, hx: list[Tensor], params: Any, has_biases:
           dropout: float, train: bool, bidirectional: bool, batch_first: bool, nonlinearity: str = "tanh") -> RNNBase:
     """A ``cls`` module whose parameters are the Tensors of ``params`` (checked against ``hx``'s widths)."""
     where = f"(at {user_source()})"
-    if isinstance(params, Tensor) or not isinstance(params, (list, tuple)):
-        raise CaptureError(f"torch.{fn}(data, batch_sizes, hx, params, ...), the packed form, is not captured: "
-                           f"pack with gc.nn.utils.rnn.pack_padded_sequence and run gc.nn.{cls.__name__} on it; "
-                           f"{fn}'s third argument is the list of weights {where}")
+    if not isinstance(params, (list, tuple)):
+        raise CaptureError(f"torch.{fn}'s params is the list of weights, got {type(params).__name__} {where}")
+    if x.shape is None or len(x.shape) != 3:
+        raise CaptureError(f"torch.{fn} takes a rank-3 input ({'N, L' if batch_first else 'L, N'}, H_in), got "
+                           f"{x.type_str()} {where}")
     params = [ops.lift(p, x) for p in params]  # numpy weights take the input's dtype
     hidden = hx[-1].shape[-1] if hx[-1].shape else None
     proj = hx[0].shape[-1] if cls is LSTM and hx[0].shape and hx[0].shape[-1] != hidden else 0
@@ -46,16 +47,21 @@ def _held(cls: type, fn: str, x: Any, hx: list[Tensor], params: Any, has_biases:
         for suffix in rnn._suffixes(layer):
             for name in names:
                 setattr(rnn, f"{name}{suffix}", next(weights))
-    if not isinstance(x, Tensor) or x.shape is None or len(x.shape) != 3:
-        raise CaptureError(f"torch.{fn} takes a rank-3 input ({'N, L' if batch_first else 'L, N'}, H_in), got "
-                           f"{x.type_str() if isinstance(x, Tensor) else type(x).__name__} {where}")
     return rnn
+
+
+def _packed(fn: str, cls: type) -> CaptureError:
+    return CaptureError(f"torch.{fn}(data, batch_sizes, hx, params, ...), the packed form, is not captured: pack "
+                        f"with gc.nn.utils.rnn.pack_padded_sequence and run gc.nn.{cls.__name__} on it (at "
+                        f"{user_source()})")
 
 
 def lstm(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float,  # noqa: A002
          train: bool, bidirectional: bool, batch_first: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.lstm``: ``(output, h_n, c_n)`` of ``nn.LSTM`` with ``params`` as its flat weights; ``hx`` is
     ``[h_0, c_0]`` (an ``h_0`` narrower than ``c_0``: an LSTM with projections)."""
+    if isinstance(has_biases, (list, tuple)):  # (data, batch_sizes, hx, params, ...)
+        raise _packed("lstm", LSTM)
     if not isinstance(hx, (list, tuple)) or len(hx) != 2:
         raise CaptureError(f"torch.lstm hx is [h_0, c_0], got {type(hx).__name__} (at {user_source()})")
     x = ops.lift(input)
@@ -68,6 +74,8 @@ def lstm(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dr
 def _single_state(cls: type, fn: str, nonlinearity: str = "tanh") -> Any:
     def run(input: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, dropout: float,  # noqa: A002
             train: bool, bidirectional: bool, batch_first: bool) -> tuple[Tensor, Tensor]:
+        if isinstance(has_biases, (list, tuple)):  # (data, batch_sizes, hx, params, ...)
+            raise _packed(fn, cls)
         x = ops.lift(input)
         h0 = ops.lift(hx, x)
         rnn = _held(cls, fn, x, [h0], params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
