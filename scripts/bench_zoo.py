@@ -463,9 +463,36 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     chain for k = 4 / 9 / 18 (from flushed caches 0.98x and 1.03x in two runs for 9, 0.97x for 18); with copies (Split
     and Concat) 1.04x the step (``flat.CHUNK_ELEMENTS``). GPT at batch 2: update 13.2 of 101 ms
     (13.1 %), chain 12.5 ms, Reshapes 0.35, Concats and Splits 0.27, scalars 0.10; CPU time of
-    the floor 12.6 ms, of the update alone 12.9: at 1 thread within 2 % of the floor. Not
-    measured: the 2-thread share (bench_zoo's 19.0 % against a floor of 13.8), on a 2-core
-    machine at load 6-12 where 2-thread steps took 3.5x their 1-thread time."""
+    the floor 12.6 ms, of the update alone 12.9: at 1 thread within 2 % of the floor.
+
+    At 2 threads (the step, the update alone and this floor profiled in turns in one process, 6-10
+    rounds, each node at its fastest run, as ``profile_step.py --update`` counts: on a 2-core
+    machine at load 9-18 the medians were up to 20x the minima; 64 px, ms of kernel time) it is
+    again the chain over groups of more than ``flat.CHUNK_ELEMENTS`` (params of more than 2**19
+    elements, each alone), 0.36-0.78 ns per element and pass where the floor's groups take
+    0.27-0.54 in the same run, and in nets of many small params the gathering and splitting too.
+    ResNet-18 at batch 32: update 50.2, alone 49.0, floor 38.6; Concats, Splits, Reshapes and
+    scalars 0.9; the rest the chain over its 7 params of more than 2**19 elements, 10.0 M of its
+    11.7 M floats (three runs: 1.3-2.0x the floor's cost per element and pass; step against alone
+    0.9x-1.4x from run to run, no steady difference). ResNet-50: batch 32 update 149.4, alone
+    152.3, floor 100.4, gathering 2.1, the chain over groups past 2**19 117 of the chain's 147 ms
+    at 0.48-0.65 ns (the floor's 0.36); batch 2 180.8 / 178.0 / 138.5, gathering 2.2.
+    EfficientNet-B0 at batch 32: 37.2 / 33.8 / 31.4, the 5.8 ms over the floor the Concats and
+    Splits 2.9, the Reshapes 1.1, the head's 1.28 M-element weight 2.3 (its small groups' chain at
+    the floor's cost); batch 2 36.6 / 32.5 / 30.5, Concats and Splits 2.8, Reshapes 1.1.
+    MobileNetV3-small at batch 32: 19.0 / 21.4 / 13.1, of the 6.0 ms Concats and Splits 2.1,
+    Reshapes 0.9, scalars 0.3, the head's two weights 0.6, the chain of its small groups (82 nodes
+    over 0.93 M floats) 2.3; batch 2 24.4 / 26.9 / 17.5, Concats and Splits 2.6, Reshapes 1.2. Of
+    EfficientNet-B0's 2.9 (batch 32, 3 mixed groups) the gradients' Concats and the delta's Splits,
+    which any flat chain needs, take 1.9; the small params' tail (``flat.apply``: their step
+    re-gathered from the delta's pieces, the params concatenated, the result split back) 1.1, its
+    step's Concat, which a layout holding the small params last would spare, 0.04-0.32 ms per
+    group."""
+    return kernel_ms(chain_floor_kernels(arts, directory, runs, warmup), runs - warmup)
+
+
+def chain_floor_kernels(arts, directory: Path, runs: int, warmup: int = 2) -> list[dict]:
+    """The kernel events of ``chain_floor_ms``'s graph over ``runs`` runs, the first ``warmup`` left out."""
     import onnx_ir as ir
 
     from graphc.passes.training import flat, update_graphs
@@ -480,9 +507,8 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     rng = np.random.default_rng(0)
     values = {i.name: rng.random(int(i.type.tensor_type.shape.dim[0].dim_value), dtype=np.float32) * 1e-3
               for i in proto.graph.input if i.name.startswith("w")}  # params, gradients, state
-    kernels, _ = profiled_runs(proto, lambda name: values[name], [o.name for o in proto.graph.output],
-                               directory, runs, warmup)
-    return kernel_ms(kernels, runs - warmup)
+    return profiled_runs(proto, lambda name: values[name], [o.name for o in proto.graph.output],
+                         directory, runs, warmup)[0]
 
 
 def update_kernels(arts, directory: Path, runs: int, warmup: int = 2) -> list[dict]:

@@ -14,11 +14,12 @@ lowering can be chosen where the time is, then the time per kernel op type and w
 products and convolutions take together. ``--torch`` also profiles PyTorch eager's step of the
 same module (``torch.profiler``, self time per aten op) and what its matrix products, convolutions
 and fused attention take: a floor for graphc's step where those dominate. ``--update`` splits
-the optimizer update's kernel time by what its nodes do (``update_classes``): the full-size
-elementwise chain (with its cost per element and pass in buffers below and from
-``flat.CHUNK_ELEMENTS`` on), the views, Concats and Splits of the flat groups, the per-step
-scalars; then the same update profiled as a graph of its own (``update_model``, same groups:
-gradients written long before it runs, not just produced). Needs torch.
+the optimizer update's kernel time by what its nodes do (``update_classes``, each node at its
+fastest run): the full-size elementwise chain (with its cost per element and pass, groups of up
+to ``flat.CHUNK_ELEMENTS`` together, each larger group size apart), the views, Concats and Splits
+of the flat groups, the per-step scalars; beside them the same update profiled as a graph of its
+own (``update_model``, same groups: gradients written long before it runs, not just produced),
+and the chain floor (``bench_zoo.chain_floor_ms``). Needs torch.
 
 ``--device cuda`` generates the artifacts for CUDA (``generate(..., device="cuda")``) and trains
 them on ort-cuda under ``torch.profiler`` (CUPTI sees every kernel of the process, onnxruntime's
@@ -41,6 +42,7 @@ from pathlib import Path
 import bench_zoo as zoo  # noqa: E402 - the architectures, export and batches of the benchmark
 
 import graphc as gc
+from graphc.passes.training import flat
 
 
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Einsum", "FusedConv", "FusedGemm"})
@@ -87,42 +89,51 @@ def charge(events: list[dict], forward_ops: dict[str, str]) -> dict[tuple[str, s
     return table
 
 
-def update_classes(events: list[dict], runs: int) -> dict[str, list[float]]:
-    """The ``optim/...`` kernel events of ``runs`` runs by class: "chain" (an elementwise node over
-    a full-size buffer), "scalar" (a result of one element: bias corrections, the step counter),
-    else "flat <op>" / "other <op>" (the flat groups' views, Concats and Splits); each class's
-    [ms per run, nodes, element-passes per run under / from ``flat.CHUNK_ELEMENTS``, their ms per
-    run] (elements counted in 4-byte words: float32's)."""
-    from graphc.passes.training import flat
-
-    table: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0, 0, 0.0, 0.0])
+def update_classes(events: list[dict]) -> dict[str, list[float]]:
+    """The ``optim/...`` kernel events (of any number of runs) by class, each node counted at its
+    fastest run (on a loaded machine a preempted thread stretches a node, not the other way):
+    "chain" (an elementwise node over a group of up to ``flat.CHUNK_ELEMENTS`` elements),
+    "chain N" (over a larger group of N), "scalar" (a result of one element: bias corrections,
+    the step counter), else "flat <op>" / "other <op>" (the flat groups' views, Concats and
+    Splits); each class's [ms of a run, nodes, element-passes of a run] (elements counted in
+    4-byte words: float32's)."""
+    fastest: dict[str, list] = {}
     for e in events:
         name = e["name"].removesuffix("_kernel_time")
-        if not name.startswith("optim/"):
-            continue
-        op, elements = e["args"]["op_name"], int(e["args"].get("output_size", 0)) // 4
-        kind = ("scalar" if elements <= 2 else "chain" if op in ("Add", "Sub", "Mul", "Div", "Sqrt")
-                else f"{'flat' if 'optim/flat/' in name else 'other'} {op}")
-        row, big = table[kind], elements >= flat.CHUNK_ELEMENTS
-        row[0] += e["dur"] / 1e3 / runs
-        row[1] += 1 / runs
-        row[2 + big] += elements / runs
-        row[4 + big] += e["dur"] / 1e3 / runs
+        if name.startswith("optim/"):
+            elements = int(e["args"].get("output_size", 0)) // 4
+            seen = fastest.setdefault(name, [e["dur"], e["args"]["op_name"], elements])
+            seen[0] = min(seen[0], e["dur"])
+    table: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0])
+    for name, (dur, op, elements) in fastest.items():
+        if elements <= 2:
+            kind = "scalar"
+        elif op in ("Add", "Sub", "Mul", "Div", "Sqrt"):
+            kind = "chain" if elements <= flat.CHUNK_ELEMENTS else f"chain {elements}"
+        else:
+            kind = f"{'flat' if 'optim/flat/' in name else 'other'} {op}"
+        row = table[kind]
+        row[0] += dur / 1e3
+        row[1] += 1
+        row[2] += elements
     return dict(table)
 
 
-def print_update(events: list[dict], runs: int, alone: list[dict], alone_runs: int) -> None:
-    """Print ``update_classes`` of the train_step's ``events`` beside those of the update alone."""
-    step, by_itself = update_classes(events, runs), update_classes(alone, alone_runs)
+def print_update(events: list[dict], alone: list[dict], floor: list[dict]) -> None:
+    """Print ``update_classes`` of the train_step's ``events`` beside those of the update alone
+    and the chain floor's (``bench_zoo.chain_floor_ms``'s graph)."""
+    step, by_itself, bare = update_classes(events), update_classes(alone), update_classes(floor)
+    passes = sum(r[2] for k, r in bare.items() if k.startswith("chain"))
+    floor_chain = sum(r[0] for k, r in bare.items() if k.startswith("chain"))
     print(f"update: {sum(r[0] for r in step.values()):.2f} ms of kernel time in the step, "
-          f"{sum(r[0] for r in by_itself.values()):.2f} ms alone (same groups)")
+          f"{sum(r[0] for r in by_itself.values()):.2f} ms alone (same groups), each node at its fastest run; "
+          f"the chain floor {sum(r[0] for r in bare.values()):.2f} ms, {1e6 * floor_chain / passes:.3f} ns per "
+          f"element and pass (groups of up to {flat.CHUNK_ELEMENTS})")
     for kind, row in sorted(step.items(), key=lambda kv: -kv[1][0]):
-        other = by_itself.get(kind, [0.0] * 6)
-        rates = "".join(f", {label} {1e6 * ms / n:.3f} ns per element and pass (alone {1e6 * o_ms / o_n:.3f})"
-                        for label, n, ms, o_n, o_ms in (("small", row[2], row[4], other[2], other[4]),
-                                                        ("large", row[3], row[5], other[3], other[5]))
-                        if kind == "chain" and n and o_n)
-        print(f"  {kind:<14} {row[1]:5.0f} nodes {row[0]:8.2f} ms (alone {other[0]:.2f}){rates}")
+        other = by_itself.get(kind, [0.0] * 3)
+        rate = (f", {1e6 * row[0] / row[2]:.3f} ns per element and pass (alone {1e6 * other[0] / other[2]:.3f})"
+                if kind.startswith("chain") and row[2] and other[2] else "")
+        print(f"  {kind:<16} {row[1]:5.0f} nodes {row[0]:8.2f} ms (alone {other[0]:.2f}){rate}")
 
 
 def profiled(step, runs: int, device: str = "cpu"):
@@ -214,7 +225,8 @@ def main() -> None:
         print(f"wall per run: {statistics.median(walls) * 1e3:.1f} ms (profiling on)")
         table = charge(events, forward_ops)
         if args.update:
-            print_update(events, args.runs, zoo.update_kernels(arts, tmp, args.runs + 2), args.runs)
+            print_update(events, zoo.update_kernels(arts, tmp, args.runs + 2),
+                         zoo.chain_floor_kernels(arts, tmp, args.runs + 2))
     total = sum(sum(c.values()) for c in table.values())
     print(f"{args.model} batch {args.batch}, {args.image_size} px: {total / args.runs / 1e3:.1f} ms of kernel "
           f"time per step")
