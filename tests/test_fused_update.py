@@ -130,6 +130,7 @@ def test_update_node_count_does_not_grow_with_the_number_of_params():
 def test_large_params_step_as_fed_small_ones_as_one(spec, monkeypatch):
     """A param of ``SMALL_ELEMENTS`` or more: ``<param>.next`` computed from the param as fed (no
     Concat of the params, no Split of new flat params). A group's smaller params (two or more):
+    laid out last, their step one piece of the step's Split (not its pieces concatenated again),
     one Sub over their concatenation, split back. Beyond those only SGD's and Adam's L2 weight
     decay reads the flat params. Either way the same numbers as the per-param update."""
     from graphc.passes.training import flat
@@ -142,6 +143,11 @@ def test_large_params_step_as_fed_small_ones_as_one(spec, monkeypatch):
              if np.prod(shape) < 10 and sum(np.prod(s) < 10 for s in g.shapes) > 1}
     # with no_decay=("*.bias",) the head's weight and bias are groups of one each
     assert tails == {"fc0.bias", "fc1.bias"} | (set() if spec.no_decay == ("*.bias",) else {"head.weight", "head.bias"})
+    for g in arts.manifest.layout:
+        small = [np.prod(shape) < 10 for shape in g.shapes]
+        assert small == sorted(small), (g.name, g.params)  # the small ones last
+    assert not [n.name for n in graph.node if n.op_type == "Concat"
+                and any(i in producers and producers[i].op_type == "Split" for i in n.input)]
 
     def source(value, through=("Reshape", "Mul")):  # AdamW's p * (1 - lr*wd), a param's Reshape
         while value in producers and producers[value].op_type in through:
@@ -161,6 +167,36 @@ def test_large_params_step_as_fed_small_ones_as_one(spec, monkeypatch):
     read = [n for n in concats if any(producers[i].input[0] in params - tails for i in n.input if i in producers)]
     assert bool(read) == (spec.kind != "adamw" and bool(spec.weight_decay))
     _equal_runs(run(arts, "numpy"), run(generate(spec, fused=False), "numpy"), 0)
+
+
+def test_small_params_laid_out_before_are_gathered_again(monkeypatch):
+    """A layout from before ``plan`` put a group's small params last (a saved manifest's, as
+    ``update_model`` rebuilds it): their step's pieces are concatenated again; the same numbers
+    as the layout of today and the per-param update."""
+    from graphc.passes.training import flat
+
+    spec = gc.optim.AdamW(0.02, weight_decay=0.1)
+    monkeypatch.setattr(flat, "SMALL_ELEMENTS", 10)  # fc weights are 16 elements, biases 4
+    today = generate(spec)
+    planned = flat.plan
+
+    def first_appearance(graph, params, decays):
+        groups = planned(graph, params, decays)
+        for g in groups:
+            laid = sorted(zip(g.params, g.shapes), key=lambda ps: params.index(ps[0]))
+            g.params, g.shapes = [p for p, _ in laid], [shape for _, shape in laid]
+        return groups
+
+    monkeypatch.setattr(flat, "plan", first_appearance)
+    before = generate(spec)
+    assert before.manifest.layout[0].params == ["fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"]
+    assert today.manifest.layout[0].params == ["fc0.weight", "fc1.weight", "fc0.bias", "fc1.bias"]
+    graph = before.train_step.proto.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    assert [n.name for n in graph.node if n.op_type == "Concat"
+            and any(i in producers and producers[i].op_type == "Split" for i in n.input)]
+    _equal_runs(run(before, "numpy"), run(today, "numpy"), 0)
+    _equal_runs(run(before, "numpy"), run(generate(spec, fused=False), "numpy"), 0)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
