@@ -168,7 +168,7 @@ def test_a_format_2_checkpoint_without_format_3_fields_still_verifies(tmp_path):
 
     fields = {"format": "graphc-checkpoint/2", "step": 2, "epoch": 0, "batch_in_epoch": 2,
               "loader": {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}}
-    lacked = {"digest", "seed", "schedule", "optimizer", "graphs", "accumulate"}  # fields it lacked
+    lacked = {"digest", "seed", "schedule", "optimizer", "graphs", "accumulate", "structure"}  # fields it lacked
     header = ckpt.CheckpointMeta(**fields).model_dump(exclude=lacked)
     del header["loader"]["data"], header["progress"]["metric_examples"], header["progress"]["skipped_steps"]
     h = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())

@@ -34,6 +34,7 @@ from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, P
 
 from graphc.errors import GraphcError
 from graphc.fileio import OutsideFolder, atomic_write, confined, remove_stale_temps
+from graphc.model.structure import GraphStructure
 from graphc.tensorfile import DTYPES, RepeatedKey, read_header, read_tensors, unique_keys
 
 __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
@@ -173,6 +174,7 @@ class CheckpointMeta(BaseModel):
     optimizer: dict[str, Any] = {}    # the optimizer spec the run trained with (``resume_rules``); {} before it was kept
     graphs: str = ""                  # ``Manifest.digest()`` of the graphs the tensors belong to; "" before it was kept
     accumulate: Optional[PositiveInt] = None  # micro-batches per optimizer step (``resume_rules``); None: 1, not kept
+    structure: Optional[GraphStructure] = None  # the inference graph's (``model.structure``); None: not kept
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
     _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
@@ -242,6 +244,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["graphs"] = True
         if meta.accumulate is None:  # nor one from before the micro-batches per step were kept
             exclude["accumulate"] = True
+        if meta.structure is None:  # nor one from before the inference graph's structure was kept
+            exclude["structure"] = True
         if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
             exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields

@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from graphc.errors import InputError
 from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
+from graphc.model.structure import GraphStructure, difference, of
 from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, Header, PathLike,
                                        mismatch, own_entry, read_meta, resolve, writable_header)
 
 if TYPE_CHECKING:
     from graphc.compile.training import Manifest
 
-__all__ = ["artifacts_dir", "check_owner", "check_training_source", "find_artifacts", "graphs_beside", "trained_from"]
+__all__ = ["artifacts_dir", "check_owner", "check_training_source", "find_artifacts", "graphs_beside", "structure_of",
+           "trained_from"]
 
 
 def artifacts_dir(path: PathLike) -> Optional[Path]:
@@ -166,12 +168,30 @@ def check_training_source(path: Path) -> None:
 
 
 def find_artifacts(path: PathLike) -> Optional[Path]:
-    """Where a checkpoint's training graphs are: beside it, else where its header says."""
-    beside = artifacts_dir(path)
-    if beside is not None:
-        return beside
-    recorded = read_meta(path).artifacts
-    return Path(recorded) if recorded and (Path(recorded) / ARTIFACTS_MANIFEST).is_file() else None
+    """Where a checkpoint's training graphs are: beside it, else where its header says.
+    ``CheckpointError`` where their inference graph is not the one the checkpoint was saved with
+    (``model.structure``: its header records it; one from before it did is not checked)."""
+    meta = read_meta(path)
+    found = artifacts_dir(path)
+    if found is None and meta.artifacts and (Path(meta.artifacts) / ARTIFACTS_MANIFEST).is_file():
+        found = Path(meta.artifacts)
+    problem = None if found is None or meta.structure is None else difference(meta.structure, structure_of(found))
+    if problem is not None:
+        raise CheckpointError(f"{resolve(path)}: the training graphs at {found} are not the ones this checkpoint was "
+                              f"saved with (regenerated there as another model?): {problem}. Put its own graphs "
+                              "back there, or load it into the graphs you mean explicitly "
+                              "(gc.Trainer(ARTIFACTS).load_checkpoint(CHECKPOINT))")
+    return found
+
+
+def structure_of(artifacts: Path) -> GraphStructure:
+    """The ``model.structure`` of the inference graph in the artifact directory ``artifacts``,
+    its weights left unread where they are external."""
+    import onnx_ir as ir
+
+    from graphc.compile.training import read_manifest
+
+    return of(ir.load(own_entry(artifacts, read_manifest(artifacts).graphs["inference"].file)))
 
 
 def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:

@@ -106,18 +106,21 @@ def _constants_of(path: Any, meta: CheckpointMeta, names: list[str], expected: M
     left = [n for n in names if n not in found]
     if left:
         warnings.warn(f"{path}: the checkpoint holds no {', '.join(left)} (frozen in its run) and its training graphs "
-                      "are not beside it nor where its header says: they start from these graphs' values, the "
-                      "same where both were generated from one model", stacklevel=4)
+                      "are not beside it nor where its header says (or are not those it was saved with): they start "
+                      "from these graphs' values, the same where both were generated from one model", stacklevel=4)
     return found
 
 
 def _checkpoint_graphs(path: Any, meta: CheckpointMeta) -> Optional[Any]:
     """The training graphs of the checkpoint at ``path``: beside it or where its header says, if
-    their manifest's digest is the one it records."""
+    their manifest's digest and inference graph's structure are the ones it records."""
     from graphc.compile import training
     from graphc.runtime.checkpoint_folder import find_artifacts
 
-    folder: Optional[Path] = find_artifacts(path)
+    try:
+        folder: Optional[Path] = find_artifacts(path)
+    except CheckpointError:  # graphs of another model there: these graphs' values, warned of
+        return None
     if folder is None or not meta.graphs or training.read_manifest(folder).digest() != meta.graphs:
         return None
     return training.load(folder)

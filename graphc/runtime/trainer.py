@@ -60,6 +60,7 @@ import onnx
 
 from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.fileio import made_folders
+from graphc.model import structure
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
@@ -350,6 +351,7 @@ class Trainer:
         self._pending_schedule: Optional[dict[str, Any]] = None
         self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
         self._restarted_from: Optional[Path] = None  # the checkpoint file load_checkpoint(fresh_optimizer=True) read
+        self._structure: Optional[structure.GraphStructure] = None  # of the inference graph, read at the first save
         return resume_from
 
     def _packed(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> dict[str, np.ndarray]:
@@ -1165,10 +1167,19 @@ class Trainer:
                     seed=self._seed, graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
                     roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
                     interface=self.manifest.interface(), schedule=self.schedule_state(),
-                    optimizer=self.manifest.optimizer, graphs=graphs, accumulate=self.accumulate)
+                    optimizer=self.manifest.optimizer, graphs=graphs, accumulate=self.accumulate,
+                    structure=self._inference_structure())
                 return ckpt.save(target, self.state_dict(), meta)
         except OSError as exc:  # disk full, read-only, ...: say what was lost and what is kept
             raise ckpt.save_failed(exc, target, self.step_count) from exc
+
+    def _inference_structure(self) -> structure.GraphStructure:
+        """The inference graph's ``model.structure``, which checkpoints record; read once, from the
+        artifact directory where the Trainer read its graphs (their weights are not loaded)."""
+        if self._structure is None:
+            self._structure = (checkpoint_folder.structure_of(self.artifacts_path) if self.artifacts_path is not None
+                               else structure.of(self.artifacts.inference.ir))
+        return self._structure
 
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False,
                         fresh_optimizer: bool = False) -> None:
