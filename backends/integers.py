@@ -1,13 +1,13 @@
 """Integer nodes onnxruntime has no kernel for, written out in a session's copy of a model.
 
 onnxruntime 1.31's CPU provider has no int64 Relu (it has int8 and int32: "Could not find an implementation
-for Relu(14)"), no int8 or uint8 Trilu or Einsum, and no OneHot of int32 indices with int64 depth and values
+for Relu(14)"), no int8, uint8 or int16 Trilu or Einsum, and no OneHot of int32 indices with int64 depth and values
 (what ``F.one_hot`` of an int32 Tensor emits), no int64 Resize; the numpy backend runs each, torch all but
 the last two (its ``one_hot`` takes int64 only, its ``interpolate`` no int64). The session's copy writes:
 
 - Relu as ``Max(x, 0)``;
-- Trilu and Einsum of int8 or uint8 in int32 between Casts: int32 sums and products wrap modulo 2^32, a
-  multiple of 2^8, and the Cast back wraps modulo 2^8, so the result is the narrow dtype's wrapped one exactly,
+- Trilu and Einsum of int8, uint8 or int16 in int32 between Casts: int32 sums and products wrap modulo 2^32,
+  a multiple of 2^16, and the Cast back wraps modulo 2^8 or 2^16, so the result is the narrow dtype's wrapped one exactly,
   as torch's and numpy's;
 - OneHot with its indices cast to int64;
 - an int64 Resize of mode nearest (no kernel either) as the Gathers ``doubles_layers`` writes a double one as.
@@ -29,7 +29,7 @@ from graphc.model.inferred import TypesOf, tensor_types
 
 __all__ = ["MISSING", "lower"]
 
-_NARROW = frozenset({TensorProto.INT8, TensorProto.UINT8})
+_NARROW = frozenset({TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16})
 
 
 def _relu(w: Writer, node: onnx.NodeProto, types: dict) -> None:

@@ -336,7 +336,7 @@ ERRORS = [
     (lambda x: gc.combinations(x.reshape(2, 2)), "tensor 0 has rank 2; combinations takes ranks \\[1\\]"),
     (lambda x: gc.combinations(x, -1), "combinations: r must be a non-negative int, got -1"),
     (lambda x: gc.block_diag(x.reshape(1, 2, 2)), "tensor 0 has rank 3; block_diag takes ranks"),
-    (lambda x: gc.block_diag(x, x.astype("float64")), "dtype mismatch float32 vs float64"),
+    (lambda x: gc.cartesian_prod(x, x.astype("float64")), "dtype mismatch float32 vs float64"),
     (lambda x: gc.vander(x.reshape(2, 2)), "vander takes ranks \\[1\\]"),
     (lambda x: gc.vander(x, N=-1), "vander: N must be a non-negative int"),
     (lambda x: gc.cartesian_prod(x.reshape(2, 2)), "cartesian_prod takes ranks \\[1\\]"),

@@ -405,14 +405,16 @@ def matmul(a: Any, b: Any) -> Tensor:
 
 @autocast_op("cat")
 def concat(tensors: Sequence[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
-    """Join along ``axis`` (torch's ``dim``). Signature: ai.onnx@13::Concat"""
+    """Join along ``axis`` (torch's ``dim``); Tensors of several dtypes promote as torch's ``cat``
+    (``promotion.common_dtype``: float32 with float64 is float64, int64 with float16 float16). Signature:
+    ai.onnx@13::Concat"""
     axis, tensors = axis if dim is None else dim, list(tensors)
     if not tensors:
         raise CaptureError(f"concat of no tensors (at {user_source()})")
     first = lift(tensors[0])
     tensors = [lift(t, first) for t in tensors]
-    for t in tensors[1:]:
-        same_dtype("Concat", first, t)
+    if len({t.dtype for t in tensors}) > 1:
+        tensors = promote(*tensors)
     return emit("Concat", tensors, {"axis": axis})
 
 

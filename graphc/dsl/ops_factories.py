@@ -18,7 +18,7 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.devices import factory
-from graphc.dsl.ops import cast, concat, constant, emit, lift, reshape, same_dtype, stack
+from graphc.dsl.ops import cast, concat, constant, emit, lift, promote, reshape, same_dtype, stack
 from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like, static_dim
 from graphc.dsl.ops_divide import remainder
 from graphc.dsl.ops_reshape import atleast_1d, atleast_2d, atleast_3d
@@ -201,16 +201,18 @@ def new_empty(x: Tensor, *size: Any, dtype: Any = None) -> Tensor:
 # -- grids and products -----------------------------------------------------------------------
 
 
-def _tensor_list(tensors: tuple, fn: str, ranks: tuple[int, ...]) -> list[Tensor]:
-    """``tensors`` (or the one list given) as Tensors of one dtype, each of a rank in ``ranks``."""
+def _tensor_list(tensors: tuple, fn: str, ranks: tuple[int, ...], promoted: bool = False) -> list[Tensor]:
+    """``tensors`` (or the one list given) as Tensors of one dtype, each of a rank in ``ranks``: ``promoted``
+    as torch's ``result_type`` of them, else refused unless they already share one."""
     items = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
     items = [lift(t) for t in items]
     for i, t in enumerate(items):
         if t.ndim not in ranks:
             raise op_error(fn, [t], f"tensor {i} has rank {t.ndim}; {fn} takes ranks {list(ranks)}, as torch",
                            user_source())
-        same_dtype(fn, items[0], t)
-    return items
+        if not promoted:
+            same_dtype(fn, items[0], t)
+    return promote(*items) if promoted and len({t.dtype for t in items}) > 1 else items
 
 
 def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Tensor, ...]:
@@ -256,8 +258,9 @@ def combinations(x: Tensor, r: int = 2, with_replacement: bool = False) -> Tenso
 
 def block_diag(*tensors: Any) -> Tensor:
     """``torch.block_diag``: the (0-D to 2-D, static) Tensors on the diagonal of a zero matrix, each shifted
-    right by the widths before it (Tensors of one dtype: graphc does not promote). Signature: ai.onnx@13::Concat"""
-    items = [atleast_2d(t) for t in _tensor_list(tensors, "block_diag", (0, 1, 2))]
+    right by the widths before it, all of the dtype torch's ``result_type`` gives them as passed (a 0-D Tensor
+    counts below the others: a float64 0-D with a float32 matrix is float32). Signature: ai.onnx@13::Concat"""
+    items = [atleast_2d(t) for t in _tensor_list(tensors, "block_diag", (0, 1, 2), promoted=True)]
     if not items:
         return constant(np.zeros((1, 0), np.float32))
     widths = [static_dim(t, 1, "block_diag") for t in items]
@@ -306,8 +309,12 @@ def unravel_index(indices: Any, shape: Any) -> tuple[Tensor, ...]:
 @autocast_op()
 def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
     """``torch.tensordot``: ``a`` and ``b`` contracted over the last ``dims`` dims of ``a`` and the first of ``b``,
-    or over the listed pairs ``(dims_a, dims_b)``. Signature: ai.onnx@12::Einsum"""
+    or over the listed pairs ``(dims_a, dims_b)``; ``a`` and ``b`` of one dtype, as torch's (it does not
+    promote). Signature: ai.onnx@12::Einsum"""
     a, b = lift(a), lift(b)
+    if a.dtype != b.dtype:
+        raise op_error("Einsum", [a, b], f"tensordot takes two Tensors of one dtype (torch's does not promote), got "
+                       f"{a.dtype} and {b.dtype}; cast one with .astype()", user_source())
     if isinstance(dims, (int, np.integer)):
         if dims < 0 or dims > builtins.min(a.ndim, b.ndim):
             raise op_error("Einsum", [a, b], f"tensordot dims={dims} must be in 0 .. {builtins.min(a.ndim, b.ndim)}",
