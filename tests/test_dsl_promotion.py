@@ -1,7 +1,10 @@
 """Mixed dtypes in DSL arithmetic: ``/`` of integers is a float32 true division, ``//`` and ``%`` round
 down, as in torch; a Python number takes the Tensor's dtype (API.md), and is refused where that
-would change its value (``int_t * 0.5``), where torch promotes the Tensor instead. Against numpy
-(values, and the dtype torch gives) and, with torch installed, against torch's own results."""
+would change its value (``int_t * 0.5``), where torch promotes the Tensor instead; an int out of an
+integer dtype's range wraps where torch's op wraps it (``int8_t + 300``) and is refused where torch's
+refuses it (``where``, ``clamp``, ``pow``, ``masked_fill``, ``fill_``); two bools compute as torch's
+(``b < True``, ``b + b``, ``b ** True``). Against numpy (values, and the dtype torch gives) and, with
+torch installed, against torch's own results."""
 
 from __future__ import annotations
 
@@ -53,6 +56,26 @@ CASES = [
     ("clip(int,-2,3)", lambda M, a: M.clip(a, -2, 3), "int64", lambda a: np.clip(a, -2, 3)),
     ("bool*0.5", lambda M, a: (a > 0) * 0.5, "float32", lambda a: (a > 0) * np.float32(0.5)),
     ("bool+1", lambda M, a: (a > 0) + 1, "int64", lambda a: (a > 0) + 1),
+    ("bool<True", lambda M, m: m < True, "bool", lambda m: ~m),
+    ("bool>=False", lambda M, m: m >= False, "bool", lambda m: m | True),
+    ("bool==False", lambda M, m: m == False, "bool", lambda m: ~m),  # noqa: E712 - the comparison is the case
+    ("bool>bool", lambda M, m: m > ~m, "bool", lambda m: m),
+    ("bool**True", lambda M, m: m ** True, "bool", lambda m: m),
+    ("bool**False", lambda M, m: m ** False, "bool", lambda m: m | True),
+    ("bool+bool", lambda M, m, a: m + (a > 0), "bool", lambda m, a: m | (a > 0)),
+    ("bool*True", lambda M, m: m * True, "bool", lambda m: m),
+    ("max(bool,bool)", lambda M, m, a: M.maximum(m, a > 0), "bool", lambda m, a: m | (a > 0)),
+    ("min(bool,bool)", lambda M, m, a: M.minimum(m, a > 0), "bool", lambda m, a: m & (a > 0)),
+    ("int8+300 wraps", lambda M, a: a.to(M.int8) * 3 + 300, "int8", lambda a: a.astype(np.int8) * 3 + np.int8(44)),
+    ("int8==300 as 44", lambda M, a: (a + 35).to(M.int8) == 300, "bool", lambda a: a + 35 == 44),
+    ("300-int8", lambda M, a: 300 - a.to(M.int8), "int8", lambda a: np.int8(44) - a.astype(np.int8)),
+    ("uint8+(-1)", lambda M, a: (a + 7).to(M.uint8) + -1, "uint8", lambda a: (a + 6).astype(np.uint8)),
+    ("masked_fill(int8,2.5) truncates", lambda M, a: a.to(M.int8).masked_fill(a > 0, 2.5), "int8",
+     lambda a: np.where(a > 0, 2, a)),
+    ("masked_fill(int8,True)", lambda M, a: a.to(M.int8).masked_fill(a > 0, True), "int8", lambda a: np.where(a > 0, 1, a)),
+    ("masked_fill(int8,int64[])", lambda M, a: a.to(M.int8).masked_fill(a > 0, a[3]), "int8", lambda a: np.where(a > 0, 9, a)),
+    ("xlogy(int8,300) keeps 300", lambda M, a: M.xlogy((a + 8).to(M.int8), 300), "float32",
+     lambda a: (a + 8).astype(np.float32) * np.log(np.float32(300))),
 ]
 IDS = [c[0] for c in CASES]
 # a Python number the Tensor's integer or bool dtype would change: torch promotes the Tensor
@@ -61,7 +84,20 @@ REFUSED = {
     "int//2.5": lambda a: a // 2.5, "int%2.5": lambda a: a % 2.5, "int**0.5": lambda a: a ** 0.5,
     "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
     "clip(int,-2.5,3.5)": lambda a: gc.clip(a, -2.5, 3.5), "where(int,0.5)": lambda a: gc.where(a > 0, a, 0.5),
-    "int8+300": lambda a: a.astype("int8") + 300,
+}
+# an int out of an int8's range where torch's op takes a Scalar it checks (elsewhere it wraps: CASES)
+OVERFLOWS = {
+    "where(int8,300)": lambda M, a: M.where(a > 0, a.to(M.int8), 300), "clamp(int8,300)": lambda M, a: M.clamp(a.to(M.int8), 300),
+    "int8**300": lambda M, a: a.to(M.int8) ** 300, "pow(int8,200)": lambda M, a: M.pow(a.to(M.int8), 200),
+    "masked_fill(int8,300)": lambda M, a: a.to(M.int8).masked_fill(a > 0, 300),
+    "fill_(int8,300)": lambda M, a: a.to(M.int8).fill_(300),
+}
+# what torch refuses of two bools, with the way out
+BOOL_REFUSALS = {
+    "bool-bool": (lambda m: m - m, r"Sub\(bool\[5\], bool\[5\]\): torch has no - \(subtraction\) of bool Tensors; use \^"),
+    "bool-True": (lambda m: m - True, r"torch has no - \(subtraction\) of bool Tensors"),
+    "bool**bool": (lambda m: m ** m, r"Pow\(bool\[5\], bool\[5\]\): torch has no pow of bool Tensors; cast one"),
+    "True**bool": (lambda m: True ** m, r"torch has no pow of bool Tensors"),
 }
 
 
@@ -95,6 +131,24 @@ def test_a_constant_the_tensor_dtype_would_change_is_refused(name):
     with pytest.raises(gc.CaptureError, match=r"the constant .* would become .* like the Tensor .*; cast the Tensor "
                                               r"first, e\.g\. t\.astype\('float32'\) \(at .*test_dsl_promotion\.py:"):
         gc.capture(REFUSED[name], a=gc.spec("int64", [5]))
+
+
+@pytest.mark.parametrize("name", OVERFLOWS)
+def test_an_int_out_of_range_is_refused_where_torch_refuses_it(name):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int8_t without overflow"):
+        OVERFLOWS[name](torch, torch.from_numpy(FEEDS["a"]))
+    with pytest.raises(gc.CaptureError, match=r"the constant -?\d+ does not fit in int8, the Tensor operands' dtype "
+                                              r"\(torch: value cannot be converted to type int8 without overflow\); "
+                                              r"cast the Tensor first, e\.g\. t\.astype\('int64'\) \(at .*test_dsl_pro"):
+        gc.capture(lambda a: OVERFLOWS[name](gc, a), a=gc.spec("int64", [5]))
+
+
+@pytest.mark.parametrize("name", BOOL_REFUSALS)
+def test_what_torch_refuses_of_bools_is_refused(name):
+    fn, message = BOOL_REFUSALS[name]
+    with pytest.raises(gc.CaptureError, match=message):
+        gc.capture(fn, m=gc.spec("bool", [5]))
 
 
 def test_a_constant_the_tensor_dtype_keeps_takes_it():

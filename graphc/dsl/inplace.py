@@ -196,10 +196,12 @@ def _broadcast_to(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
 
 
 def _as_value(x: Tensor, value: Any) -> Tensor:
-    """A Tensor ``value`` of ``x``'s dtype as it is; a Python or numpy value cast to it, as torch casts."""
+    """A Tensor ``value`` of ``x``'s dtype as it is; a Python or numpy value cast to it, as torch casts (an int
+    out of an integer dtype's range refused, as torch's)."""
     if isinstance(value, Tensor):
         ops.same_dtype("ScatterND", x, value)
         return value
+    ops.in_range(x.dtype, value)
     return ops.constant(np.asarray(value).astype(to_numpy(x.dtype)))
 
 

@@ -108,18 +108,20 @@ def run_time_int(value: Any, what: str, op: str) -> int | Tensor:
     return lift(value) if isinstance(value, str) else value
 
 
-def operand_pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as Tensors of one dtype: ``promote``'s."""
-    a, b = promote(a, b)
+def operand_pair(a: Any, b: Any, wraps: bool = True) -> tuple[Tensor, Tensor]:
+    """``a`` and ``b`` as Tensors of one dtype: ``promote``'s; an int constant wraps into a narrower integer
+    dtype (``int8_t + 300`` adds 44), as torch's elementwise ops of two operands, unless not ``wraps``."""
+    a, b = promote(a, b, wraps=wraps)
     return a, b
 
 
-def promote(*operands: Any) -> list[Tensor]:
+def promote(*operands: Any, wraps: bool = False) -> list[Tensor]:
     """``operands`` as Tensors of the dtype torch computes their elementwise op in (``promotion.common_dtype``):
     a bool or integer Tensor beside a float one, and the narrower of two widths of one category, take the
     other's dtype, Tensors with dims above 0-D ones within a category (float32 ``[3]`` with float64 ``[]`` is
-    float32). Constants (Python and numpy numbers and arrays) take the Tensors' dtype (``_fits``), except that
-    an int or float number beside bool Tensors promotes them as torch (``b + 1`` is int64, not a logical or)."""
+    float32). Constants (Python and numpy numbers and arrays) take the Tensors' dtype (``_fits``; an int out of
+    an integer dtype's range wraps where it ``wraps``), except that an int or float number beside bool Tensors
+    promotes them as torch (``b + 1`` is int64, not a logical or)."""
     items = [lift(x) if isinstance(x, str) else x for x in operands]  # a dim name is a 0-d int64 Tensor
     tensors = [x for x in items if isinstance(x, Tensor)]
     if not tensors:
@@ -132,7 +134,7 @@ def promote(*operands: Any) -> list[Tensor]:
         if isinstance(x, Tensor):
             out.append(x if x.dtype == dtype else cast(x, dtype))
         else:
-            _fits(dtype, x)
+            _fits(dtype, x, wraps)
             out.append(_constant_as(x, dtype))
     return out
 
@@ -144,15 +146,18 @@ def _constant_as(x: Any, dtype: str) -> Tensor:
     return constant(np.asarray(x).astype(to_numpy(dtype)))
 
 
-def _fits(dtype: str, other: Any) -> None:
+def _fits(dtype: str, other: Any, wraps: bool) -> None:
     """Refuse a constant ``other`` that an integer or bool ``dtype`` would change (``int_t * 0.5``
-    as ``int_t * 0``, ``int_t >= 0.5`` as ``int_t >= 0``, 300 in an int8): the constant takes the
-    Tensor's dtype, and torch would have promoted the Tensor (or wrapped the int8) instead, so the two
-    silently differed. Float Tensors round a constant to their precision, as torch does."""
+    as ``int_t * 0``, ``int_t >= 0.5`` as ``int_t >= 0``): the constant takes the Tensor's dtype, and
+    torch would have promoted the Tensor instead, so the two silently differed. An int out of the
+    range wraps where it ``wraps`` (torch's elementwise ops), else is refused, as torch's ``where``,
+    ``clamp`` and ``pow`` refuse it. Float Tensors round a constant to their precision, as torch does."""
     if isinstance(other, (Tensor, bool, np.bool_)) or kind(dtype) == 2:
         return
     value = np.asarray(other)
-    if value.dtype.kind not in "biuf":
+    if value.dtype.kind in "iu" and not wraps:
+        in_range(dtype, value)
+    if value.dtype.kind not in "bf":
         return
     with np.errstate(all="ignore"):
         kept = value.astype(to_numpy(dtype))
@@ -162,6 +167,19 @@ def _fits(dtype: str, other: Any) -> None:
         raise CaptureError(f"the constant {shown} would become {kept if value.size <= 4 else 'other values'} as a "
                            f"{dtype} like the Tensor operands; cast the Tensor first, e.g. "
                            f"t.astype('float32') (at {user_source()})")
+
+
+def in_range(dtype: str, value: Any) -> None:
+    """Refuse ints ``value`` out of an integer ``dtype``'s range, as torch checks a Scalar argument (``where``,
+    ``clamp``, ``pow``'s exponent, ``masked_fill``), where its elementwise ops wrap it."""
+    value = np.asarray(value)
+    if kind(dtype) != 1 or value.dtype.kind not in "iu" or not value.size:
+        return
+    info = np.iinfo(to_numpy(dtype))
+    if value.min() < info.min or value.max() > info.max:
+        raise CaptureError(f"the constant {value if value.size <= 4 else 'array'} does not fit in {dtype}, the "
+                           f"Tensor operands' dtype (torch: value cannot be converted to type {dtype} without "
+                           f"overflow); cast the Tensor first, e.g. t.astype('int64') (at {user_source()})")
 
 
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
@@ -232,11 +250,33 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     (``2.0 ** int_t``, as torch), and an integer Tensor to a negative constant power is refused, as torch."""
     if op == "Pow" and number_dtype(a) == "float32" and isinstance(b, Tensor) and b.dtype not in FLOAT_DTYPES:
         a = constant(np.asarray(a, np.float32))
-    negative = op == "Pow" and number_dtype(b) is not None and b < 0
-    a, b = operand_pair(a, b)
-    if negative and kind(a.dtype) < 2:
-        raise op_error(op, [a, b], "integers to negative integer powers are not allowed (as torch); use a float "
-                       "base, e.g. t.double() ** -2", user_source())
+    base = a.dtype if isinstance(a, Tensor) else np.asarray(a).dtype
+    if op == "Pow" and number_dtype(b) is not None and b < 0 and float(b).is_integer() and kind(base) < 2:
+        raise op_error(op, [lift(a), lift(b)], "integers to negative integer powers are not allowed (as torch); "
+                       "use a float base, e.g. t.double() ** -2", user_source())
+    bool_power = op == "Pow" and isinstance(b, (bool, np.bool_))
+    a, b = operand_pair(a, b, wraps=op != "Pow" or isinstance(b, Tensor))  # torch's pow(Tensor, Scalar) refuses
+    if a.dtype == "bool":
+        return _of_bools(op, a, b, bool_power)
+    return emit(op, [a, b])
+
+
+_BOOL_OPS = {"Add": "Or", "Max": "Or", "Mul": "And", "Min": "And"}
+
+
+def _of_bools(op: str, a: Tensor, b: Tensor, bool_power: bool) -> Tensor:
+    """``op`` on two bool Tensors as torch's: ``+`` and max an Or, ``*`` and min an And, the orderings on 0
+    and 1, a power by a Python bool ``a or not b``; ``-``, and a power by a bool Tensor, refused, as torch."""
+    if op in _BOOL_OPS:
+        return emit(_BOOL_OPS[op], [a, b])
+    if op in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual"):
+        return emit(op, [cast(a, "uint8"), cast(b, "uint8")])
+    if op == "Pow" and bool_power:
+        return emit("Or", [a, emit("Not", [b])])
+    if op in ("Sub", "Pow"):
+        raise op_error(op, [a, b], f"torch has no {'- (subtraction)' if op == 'Sub' else 'pow'} of bool Tensors; "
+                       f"{'use ^ (logical_xor) or ~ (logical_not)' if op == 'Sub' else 'cast one first'}",
+                       user_source())
     return emit(op, [a, b])
 
 
@@ -347,7 +387,7 @@ def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
     """``input`` where ``condition`` else ``other`` (torch's names). Signature: ai.onnx@16::Where"""
-    a, b = operand_pair(input, other)
+    a, b = operand_pair(input, other, wraps=False)
     cond = lift(condition)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())

@@ -16,7 +16,7 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log,
+from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, in_range, int64_accumulated, lift, log,
                             mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar, sqrt,
                             squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
@@ -61,11 +61,16 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 
 
 
 def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
-    """``value`` where the bool ``mask`` (broadcast to ``x``) is true, else ``x``. Signature: ai.onnx@16::Where"""
+    """``value`` where the bool ``mask`` (broadcast to ``x``) is true, else ``x``; ``value`` (a 0-D Tensor too)
+    in ``x``'s dtype, as torch's: a float truncated into an integer one, an int out of its range refused.
+    Signature: ai.onnx@16::Where"""
     x, mask = lift(x), lift(mask)
     if mask.dtype != "bool":
         raise op_error("Where", [x, mask], f"masked_fill's mask must be bool, got {mask.dtype}", user_source())
-    return emit("Where", [mask, lift(value, x), x])
+    if not isinstance(value, Tensor):
+        in_range(x.dtype, value)
+        value = lift(value, x)
+    return emit("Where", [mask, value if value.dtype == x.dtype else cast(value, x.dtype), x])
 
 
 # -- creation ---------------------------------------------------------------------------------

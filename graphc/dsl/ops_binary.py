@@ -149,9 +149,9 @@ def _float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
 
 
 def to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` promoted as torch's (``promote``), bool or integer made float32, as torch's ``fn``."""
-    a, b = operand_pair(a, b)
-    return to_float(a), to_float(b)
+    """``a`` and ``b`` promoted as torch's (``promote``), bool or integer made float32, as torch's ``fn``: a
+    Tensor first, so that an int constant keeps its value (``xlogy(int8_t, 300)``, as torch's)."""
+    return operand_pair(*(to_float(x, y) if isinstance(x, Tensor) else x for x, y in ((a, b), (b, a))))
 
 
 # -- float functions of two inputs ------------------------------------------------------------
