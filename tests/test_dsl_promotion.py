@@ -72,8 +72,10 @@ CASES = [
     ("uint8+(-1)", lambda M, a: (a + 7).to(M.uint8) + -1, "uint8", lambda a: (a + 6).astype(np.uint8)),
     ("masked_fill(int8,2.5) truncates", lambda M, a: a.to(M.int8).masked_fill(a > 0, 2.5), "int8",
      lambda a: np.where(a > 0, 2, a)),
-    ("masked_fill(int8,True)", lambda M, a: a.to(M.int8).masked_fill(a > 0, True), "int8", lambda a: np.where(a > 0, 1, a)),
-    ("masked_fill(int8,int64[])", lambda M, a: a.to(M.int8).masked_fill(a > 0, a[3]), "int8", lambda a: np.where(a > 0, 9, a)),
+    ("masked_fill(int8,True)", lambda M, a: a.to(M.int8).masked_fill(a > 0, True), "int8",
+     lambda a: np.where(a > 0, 1, a)),
+    ("masked_fill(int8,int64[])", lambda M, a: a.to(M.int8).masked_fill(a > 0, a[3]), "int8",
+     lambda a: np.where(a > 0, 9, a)),
     ("xlogy(int8,300) keeps 300", lambda M, a: M.xlogy((a + 8).to(M.int8), 300), "float32",
      lambda a: (a + 8).astype(np.float32) * np.log(np.float32(300))),
 ]
@@ -87,14 +89,18 @@ REFUSED = {
 }
 # an int out of an int8's range where torch's op takes a Scalar it checks (elsewhere it wraps: CASES)
 OVERFLOWS = {
-    "where(int8,300)": lambda M, a: M.where(a > 0, a.to(M.int8), 300), "clamp(int8,300)": lambda M, a: M.clamp(a.to(M.int8), 300),
+    "where(int8,300)": lambda M, a: M.where(a > 0, a.to(M.int8), 300),
+    "clamp(int8,300)": lambda M, a: M.clamp(a.to(M.int8), 300),
+    "add(int8,1,alpha=300)": lambda M, a: M.add(a.to(M.int8), 1, alpha=300),
     "int8**300": lambda M, a: a.to(M.int8) ** 300, "pow(int8,200)": lambda M, a: M.pow(a.to(M.int8), 200),
     "masked_fill(int8,300)": lambda M, a: a.to(M.int8).masked_fill(a > 0, 300),
     "fill_(int8,300)": lambda M, a: a.to(M.int8).fill_(300),
+    "full_like(int8,300)": lambda M, a: M.full_like(a.to(M.int8), 300),
 }
 # what torch refuses of two bools, with the way out
 BOOL_REFUSALS = {
-    "bool-bool": (lambda m: m - m, r"Sub\(bool\[5\], bool\[5\]\): torch has no - \(subtraction\) of bool Tensors; use \^"),
+    "bool-bool": (lambda m: m - m,
+                  r"Sub\(bool\[5\], bool\[5\]\): torch has no - \(subtraction\) of bool Tensors; use \^"),
     "bool-True": (lambda m: m - True, r"torch has no - \(subtraction\) of bool Tensors"),
     "bool**bool": (lambda m: m ** m, r"Pow\(bool\[5\], bool\[5\]\): torch has no pow of bool Tensors; cast one"),
     "True**bool": (lambda m: True ** m, r"torch has no pow of bool Tensors"),

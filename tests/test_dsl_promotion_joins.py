@@ -24,7 +24,8 @@ JOINS = {
     "stack": lambda M, a, b: M.stack([a, b], 1), "hstack": lambda M, a, b: M.hstack([a, b]),
     "vstack": lambda M, a, b: M.vstack([a, b]), "row_stack": lambda M, a, b: M.row_stack([a, b]),
     "dstack": lambda M, a, b: M.dstack([a, b]), "column_stack": lambda M, a, b: M.column_stack([a[:, 0], b]),
-    "stack of 0-D": lambda M, a, b: M.stack([a[0, 0], b[1, 2]]), "hstack of 0-D": lambda M, a, b: M.hstack([a[0, 0], b[0]]),
+    "stack of 0-D": lambda M, a, b: M.stack([a[0, 0], b[1, 2]]),
+    "hstack of 0-D": lambda M, a, b: M.hstack([a[0, 0], b[0]]),
     "block_diag": lambda M, a, b: M.block_diag(a, b[0], b),
     "block_diag, 0-D below": lambda M, a, b: M.block_diag(b[1, 1], a),
     "einsum ij,ij->ij": lambda M, a, b: M.einsum("ij,ij->ij", a, b),
@@ -80,7 +81,8 @@ def test_joins_promote_as_torch(pair, tmp_path):
 
 # name -> fn(M, x) of a float64 x [2, 3]: gradients to x through a join that promotes
 GRADIENTS = {
-    "cat f32, f64": lambda M, x: M.cat([x.float() * 2, x]), "stack i64, f64": lambda M, x: M.stack([x, M.ones_like(x).long()]),
+    "cat f32, f64": lambda M, x: M.cat([x.float() * 2, x]),
+    "stack i64, f64": lambda M, x: M.stack([x, M.ones_like(x).long()]),
     "block_diag 0-D f64, f32": lambda M, x: M.block_diag(x[0, 1], x.float()).double() * x[1, 2],
     "einsum f32 * f64": lambda M, x: M.einsum("ij,ij->ij", x.float(), x * x),
     "einsum ij,ij,ij->j": lambda M, x: M.einsum("ij,ij,ij->j", x.float() * 0 + 2, x, x.sin()),

@@ -16,9 +16,9 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, in_range, int64_accumulated, lift, log,
-                            mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar, sqrt,
-                            squeeze, transpose, unary, unsqueeze, where)
+from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, in_range, int64_accumulated,
+                            lift, log, mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar,
+                            sqrt, squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.dim_sizes import dim_length, sized
 from graphc.dsl.dims import dim_index, one_element
@@ -84,6 +84,7 @@ def full(size: Sequence[Any], fill_value: Any, dtype: Any = None, *, fn: str = "
     if dtype is None:
         dtype = "bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int) else "float32"
     dt = as_dtype(dtype)
+    in_range(dt, fill_value)
     shape, shape_t = sized(tuple(size), fn)
     if shape_t is None:
         return constant(np.full(shape, fill_value, dt.numpy))
@@ -106,6 +107,7 @@ def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
     """``x``'s shape (symbolic dims too) filled with ``fill_value``. Signature: ai.onnx@9::ConstantOfShape"""
     x = lift(x)
     dt = as_dtype(dtype if dtype is not None else x.dtype)
+    in_range(dt, fill_value)
     value = np.full((1,), fill_value, dt.numpy)
     return emit("ConstantOfShape", [emit("Shape", [x])], {"value": ir_tensor(value)},
                 out_types=[(dt, x.shape)])

@@ -17,8 +17,8 @@ from graphc.dsl import control
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import (binary, cast, constant, detach, emit, lift, log, maximum, minimum, operand_pair, promote,
-                            scalar, sqrt, unary, where)
+from graphc.dsl.ops import (binary, cast, constant, detach, emit, in_range, lift, log, maximum, minimum,
+                            operand_pair, promote, scalar, sqrt, unary, where)
 from graphc.dsl.ops_divide import floor_divide, to_float, true_divide
 from graphc.dsl.ops_elementwise import signbit
 from graphc.dsl.ops_math import all as all_
@@ -38,6 +38,7 @@ def _scaled(t: Tensor, factor: Any, arg: str, fn: str) -> Tensor:
     if t.dtype not in FLOAT_DTYPES and not float(factor).is_integer():
         raise CaptureError(f"{fn}: {arg}={factor!r} is not an integer, and the Tensors are {t.dtype}; cast them "
                            f"to a float dtype first (at {user_source()})")
+    in_range(t.dtype, factor)
     return t if factor == 1 else t * scalar(factor, t)
 
 
