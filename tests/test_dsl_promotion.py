@@ -76,6 +76,12 @@ CASES = [
      lambda a: np.where(a > 0, 1, a)),
     ("masked_fill(int8,int64[])", lambda M, a: a.to(M.int8).masked_fill(a > 0, a[3]), "int8",
      lambda a: np.where(a > 0, 9, a)),
+    ("int8.mul_(int64) stays int8", lambda M, a: a.to(M.int8).mul_(a * 3), "int8",
+     lambda a: (a * a * 3).astype(np.int8)),
+    ("int8.copy_(float64) truncates", lambda M, a: a.to(M.int8).copy_(a.double() * 0.5), "int8",
+     lambda a: np.trunc(a * 0.5).astype(np.int8)),
+    ("int8.fill_(float64[])", lambda M, a: a.to(M.int8).fill_((a.double() * 0.5)[3]), "int8",
+     lambda a: np.full(5, 4, np.int8)),
     ("xlogy(int8,300) keeps 300", lambda M, a: M.xlogy((a + 8).to(M.int8), 300), "float32",
      lambda a: (a + 8).astype(np.float32) * np.log(np.float32(300))),
 ]
@@ -104,6 +110,10 @@ BOOL_REFUSALS = {
     "bool-True": (lambda m: m - True, r"torch has no - \(subtraction\) of bool Tensors"),
     "bool**bool": (lambda m: m ** m, r"Pow\(bool\[5\], bool\[5\]\): torch has no pow of bool Tensors; cast one"),
     "True**bool": (lambda m: True ** m, r"torch has no pow of bool Tensors"),
+    "bool.add_(int8)": (lambda m: m.add_(m.to(gc.int8)), r"in-place\(bool\[5\], int8\[5\]\): the result's dtype int8 "
+                                                       r"can't be cast to the written tensor's bool \(as torch's\)"),
+    "int8.add_(float32)": (lambda m: m.to(gc.int8).add_(m.float()), r"the result's dtype float32 can't be cast to "
+                                                                    r"the written tensor's int8"),
 }
 
 

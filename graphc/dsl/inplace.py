@@ -25,6 +25,7 @@ import numpy as np
 from graphc.dsl import ops, ops_array, ops_divide, ops_views
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.indexing import getitem
+from graphc.dsl.promotion import can_cast
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
@@ -48,12 +49,16 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
 
 
 def write(t: Tensor, new: Any) -> Tensor:
-    """Rebind ``t`` to ``new`` (same dtype and shape) in place, writing through ``t``'s bases; the other
-    live views of what was written become out of date. Returns ``t``."""
+    """Rebind ``t`` to ``new`` (same shape) in place, writing through ``t``'s bases; the other live views of
+    what was written become out of date. A result of another dtype is cast back where torch casts it
+    (``promotion.can_cast``: ``int8_t.mul_(int64_t)`` stays int8), refused where torch refuses (a float into an
+    integer Tensor, an integer into a bool one). Returns ``t``."""
     new = ops.lift(new, t)
+    if new.dtype != t.dtype and not can_cast(new.dtype, t.dtype):
+        raise op_error("in-place", [t, new], f"the result's dtype {new.dtype} can't be cast to the written "
+                       f"tensor's {t.dtype} (as torch's); write out of place: y = ...", user_source())
     if new.dtype != t.dtype:
-        raise op_error("in-place", [t, new], f"the result's dtype {new.dtype} is not the written tensor's "
-                       f"{t.dtype} (torch refuses to cast it back); write out of place: y = ...", user_source())
+        new = ops.cast(new, t.dtype)
     if new.shape is None or len(new.shape) != t.ndim or any(
             isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(new.shape, t.shape)):
         raise op_error("in-place", [t, new], f"the result's shape {new.shape} is not the written tensor's "
@@ -195,10 +200,13 @@ def _broadcast_to(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
     return ops_views.expand_as(v, positions) if v.shape != shape else v
 
 
-def _as_value(x: Tensor, value: Any) -> Tensor:
-    """A Tensor ``value`` of ``x``'s dtype as it is; a Python or numpy value cast to it, as torch casts (an int
-    out of an integer dtype's range refused, as torch's)."""
+def _as_value(x: Tensor, value: Any, cast: bool = False) -> Tensor:
+    """A Tensor ``value`` of ``x``'s dtype as it is, of another one cast to it where it ``cast``s (torch's
+    ``copy_`` and ``fill_``), else refused; a Python or numpy value cast to it, as torch casts (an int out of an
+    integer dtype's range refused, as torch's)."""
     if isinstance(value, Tensor):
+        if cast and value.dtype != x.dtype:
+            return ops.cast(value, x.dtype)
         ops.same_dtype("ScatterND", x, value)
         return value
     ops.in_range(x.dtype, value)
@@ -266,13 +274,13 @@ def reshaped_in_place(fn: Any) -> Any:
 
 
 def _fill(t: Tensor, value: Any) -> Tensor:
-    return ops_views.expand_as(_as_value(t, value), t)
+    return ops_views.expand_as(_as_value(t, value, cast=True), t)
 
 
 def _copy(t: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
     if not isinstance(src, Tensor):
         raise CaptureError(f"copy_ takes a Tensor src, got {type(src).__name__} (at {user_source()})")
-    return _broadcast_to(_as_value(t, src), t, t)
+    return _broadcast_to(_as_value(t, src, cast=True), t, t)
 
 
 def _add(a: Tensor, b: Any, *, alpha: Any = 1) -> Tensor:
