@@ -268,7 +268,8 @@ def train_cmd(
     if resumed is not None:
         out.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
                       highlight=False, soft_wrap=True)
-    train, test, test_source = load_data(data, trainer.batch_specs, eval_data, class_labels(trainer.manifest))
+    train, test, test_source = load_data(data, trainer.batch_specs, eval_data, class_labels(trainer.manifest),
+                                         trainer.complex_inputs)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
         raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "

@@ -69,4 +69,9 @@ def from_pair(pair: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(pair).view(_COMPLEX_OF[str(pair.dtype)])[..., 0]
 
 
-__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "real_pair", "pairs_of", "from_pair"]
+def complex_results(complex_outputs: frozenset[str], results: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``results`` with each of ``complex_outputs`` as the complex array its pair holds (``from_pair``)."""
+    return {k: from_pair(v) if k in complex_outputs else v for k, v in results.items()}
+
+
+__all__ = ["COMPLEX_IO_KEY", "record", "complex_names", "complex_spec", "to_pair", "real_pair", "pairs_of", "from_pair", "complex_results"]

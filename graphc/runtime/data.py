@@ -22,6 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.errors import InputError
+from graphc.model.complex_io import complex_spec
 from graphc.model.dtypes import TensorSpec, type_text
 from graphc.runtime.feeds import dtype_name
 
@@ -193,25 +194,30 @@ class DataLoader:
                 thread.join(timeout=0.05)
 
     # -- checks --------------------------------------------------------------------------------
-    def check_against(self, specs: Sequence[TensorSpec], labels: Collection[str] = ()) -> None:
+    def check_against(self, specs: Sequence[TensorSpec], labels: Collection[str] = (),
+                      complex_inputs: Collection[str] = ()) -> None:
         """Raise ``gc.InputError`` unless every spec has an array with its dtype and shape.
 
         ``specs`` are a model's batched inputs: dim 0 is the batch dim (any size when symbolic;
         a fixed batch dim must equal ``batch_size`` and every batch must be full). ``labels``:
         int64 class-label inputs that take uint8 arrays too (the Trainer casts each batch's).
+        ``complex_inputs``: the ``[..., 2]`` real pair inputs that take a complex array too
+        (``graphc.model.complex_io``; the Trainer makes each batch's its pair).
         """
-        check_arrays(specs, self.arrays, self, labels)
+        check_arrays(specs, self.arrays, self, labels, complex_inputs)
 
 
 def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray], loader: Any,
-                 labels: Collection[str] = ()) -> None:
+                 labels: Collection[str] = (), complex_inputs: Collection[str] = ()) -> None:
     """``DataLoader.check_against`` on ``arrays`` (a ``RayDataLoader``'s are stand-ins of its columns)."""
     for spec in specs:
         if spec.name not in arrays:
             raise InputError(
                 f"the data has no array {spec.name!r} for the model input {spec}; "
                 f"arrays given: {', '.join(sorted(arrays))}")
-        _check_array(spec, arrays[spec.name], loader, spec.name in labels)
+        array = arrays[spec.name]
+        held = complex_spec(spec) if spec.name in complex_inputs and np.iscomplexobj(array) else spec
+        _check_array(held, array, loader, spec.name in labels)
 
 
 def replays(loader: Any) -> bool:

@@ -48,7 +48,8 @@ def check_one(spec: TensorSpec, shape: Sequence[int], dtype: str, dims: dict[str
     """Check one value's dtype/shape against ``spec``; ``dims`` collects symbolic dim sizes."""
     got = type_text(dtype, shape)
     if dtype != spec.dtype:
-        fix = ("a complex array goes in as its [..., 2] real pair here: np.stack([z.real, z.imag], -1)"
+        fix = (f"{spec.name!r} is no complex input (graphc.complex_io): feed z.real, or where the model reads a "
+               "[..., 2] real pair, np.stack([z.real, z.imag], -1)"
                if dtype.startswith("complex") else "cast it with .astype")
         raise InputError(f"input {spec.name!r}: expected {spec}, got {got} (dtype {dtype} is not {spec.dtype}; {fix})")
     if spec.shape is None:

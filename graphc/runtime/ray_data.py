@@ -298,6 +298,7 @@ class RayDataLoader:
         labels so, the workers the rest)."""
         return self.batch(epoch, index, columns=(name,))[name]
 
-    def check_against(self, specs: Sequence[TensorSpec], labels: Collection[str] = ()) -> None:
+    def check_against(self, specs: Sequence[TensorSpec], labels: Collection[str] = (),
+                      complex_inputs: Collection[str] = ()) -> None:
         """``DataLoader.check_against`` on the columns' dtypes and row shapes."""
-        check_arrays(specs, self.arrays, self, labels)
+        check_arrays(specs, self.arrays, self, labels, complex_inputs)

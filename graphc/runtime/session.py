@@ -123,7 +123,7 @@ class Session:
         results = self._executable.run(arrays, names, **options)
         if complex_pairs:
             return results
-        return {k: complex_io.from_pair(v) if k in self.complex_outputs else v for k, v in results.items()}
+        return complex_io.complex_results(self.complex_outputs, results)
 
     @property
     def unbounded_nodes(self) -> list[tuple[str, str]]:

@@ -60,7 +60,7 @@ import onnx
 
 from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.fileio import made_folders
-from graphc.model import structure
+from graphc.model import complex_io, structure
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
@@ -310,6 +310,9 @@ class Trainer:
         self.manifest = m = self.artifacts.manifest
         step_graph = m.graphs["train_step"]
         self.batch_specs = role_specs(step_graph.inputs, BATCH_ROLES)
+        # a complex input takes a complex array (or its pair), a complex output is given complex (``complex_io``)
+        self.complex_inputs, self.complex_outputs = complex_io.complex_names(
+            self.artifacts.train_step.ir.metadata_props)
         self._batch_names = [s.name for s in self.batch_specs]
         self._class_labels = class_labels(m)  # take uint8 arrays, cast to int64, as torch's cross_entropy
         self._class_counts: dict[tuple, int] = {}  # batch shapes -> a measured C (``_measured_classes``)
@@ -386,7 +389,8 @@ class Trainer:
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
         try:
-            feeds = int64_labels({spec.name: np.asarray(batch[spec.name]) for spec in specs}, self._class_labels)
+            feeds = {spec.name: np.asarray(batch[spec.name]) for spec in specs}
+            feeds = int64_labels(complex_io.pairs_of(specs, self.complex_inputs, feeds), self._class_labels)
         except KeyError as exc:
             spec = next(s for s in specs if s.name == exc.args[0])
             raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "
@@ -400,7 +404,8 @@ class Trainer:
         return feeds
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One train step on ``batch`` (data and label arrays by name); returns the loss. A
+        """One train step on ``batch`` (data and label arrays by name; a complex input's a complex
+        array of its dtype or its ``[..., 2]`` pair, as ``gc.Session.run``'s); returns the loss. A
         Ctrl-C during the step is raised once the step is done (params, state, RNG and
         ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
@@ -541,7 +546,7 @@ class Trainer:
     def predict(self, batch: Mapping[str, np.ndarray], *, averaged: bool = False) -> dict[str, np.ndarray]:
         """The model's outputs on ``batch`` (inference mode, current params; ``averaged``: the
         averaged copy's, ``gc.optim.swa_utils``): only the data inputs are needed; when the batch
-        also holds every label, ``loss`` too."""
+        also holds every label, ``loss`` too. A complex output comes back as a complex array."""
         exe = self._eval_exe()
         if not self._label_names() <= set(batch):
             exe, specs, outputs = self._predict_exe(), self._predict_specs, self._predict_outputs
@@ -550,7 +555,7 @@ class Trainer:
         feeds = self._batch_feeds(batch, specs)
         feeds.update(self._eval_state(averaged))
         host, _ = exe.run_bound(feeds, outputs)
-        return host
+        return complex_io.complex_results(self.complex_outputs, host)
 
     def _eval_state(self, averaged: bool = False) -> dict[str, Any]:
         """The carried tensors the eval graph reads (``averaged``: their averaged copies), in the
@@ -723,10 +728,10 @@ class Trainer:
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
-        loader.check_against(self.batch_specs, self._class_labels)
+        loader.check_against(self.batch_specs, self._class_labels, self.complex_inputs)
         if replays(eval_loader):
             self._eval_exe()
-            eval_loader.check_against(self._eval_specs, self._class_labels)
+            eval_loader.check_against(self._eval_specs, self._class_labels, self.complex_inputs)
         self._use_loader(loader)
         self._fetch = ("loss", *([self._prediction] if self._train_metrics_wanted() else []),
                        *([self._grad_norm] if self._grad_norm else []))

@@ -64,6 +64,7 @@ from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.trainable import check_data_parallel
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
+from graphc.model import complex_io
 from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
@@ -362,7 +363,7 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
             if name not in ("loss", "weight"):
                 parts = [r[name] for r in done]
                 out[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return out
+        return complex_io.complex_results(self.complex_outputs, out)
 
     def _eval_exe(self):
         return None  # the workers hold the eval graph; _eval_specs is set in __init__

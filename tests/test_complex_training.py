@@ -1,0 +1,128 @@
+"""Complex graph I/O (``graphc.model.complex_io``) in training and serving: the ``Trainer``'s ``step``/``fit``/
+``evaluate``/``predict`` and ``graphc train``'s data take numpy complex arrays for a complex input and ``predict``
+gives a complex output complex, against torch 2.13's loop on complex tensors (float64/complex128, 1e-12) and against
+the same steps fed the ``[..., 2]`` pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cli_util import run_cli
+
+import graphc as gc
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+BACKENDS = ["numpy", "ort-cpu"]
+LR, STEPS = 0.005, 3
+
+
+def _complex(*shape, dtype=np.complex128):
+    return (RNG.standard_normal(shape) + 1j * RNG.standard_normal(shape)).astype(dtype)
+
+
+class _ComplexLinear(gc.nn.Module):
+    """A complex linear layer from two real weights: its complex output and the power a real loss reads."""
+
+    def __init__(self, wr, wi):
+        super().__init__()
+        self.wr, self.wi = gc.nn.Parameter(wr, dtype=gc.float64), gc.nn.Parameter(wi, dtype=gc.float64)
+
+    def forward(self, z):
+        y = z @ gc.complex(self.wr, self.wi)
+        return {"y": y, "power": (y * y.conj()).real}
+
+
+def _torch_loop(wr, wi, batches):
+    """torch's SGD on complex tensors: the losses, the trained weights and the complex output after."""
+    tr, ti = (torch.tensor(w, requires_grad=True) for w in (wr, wi))
+    opt, losses = torch.optim.SGD([tr, ti], lr=LR), []
+    for z, t in batches:
+        y = torch.from_numpy(z) @ torch.complex(tr, ti)
+        loss = torch.nn.functional.mse_loss((y * y.conj()).real, torch.from_numpy(t))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        w = torch.complex(tr, ti)
+    return losses, tr.detach().numpy(), ti.detach().numpy(), lambda z: (torch.from_numpy(z) @ w).numpy()
+
+
+def _trainer(wr, wi, backend):
+    model = gc.capture(_ComplexLinear(wr, wi), z=gc.spec("complex128", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("power", label="t"), gc.optim.SGD(LR))
+    return gc.Trainer(arts, backend=backend)
+
+
+def _pair(z):
+    return np.stack([z.real, z.imag], -1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trainer_steps_on_complex_arrays_as_torch_and_as_on_the_pairs(backend):
+    """The Trainer refused a complex array for a complex input ('dtype complex128 is not float64') and its predict
+    gave the [..., 2] pair of a complex output."""
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    batches = [(_complex(5, 4), RNG.standard_normal((5, 3))) for _ in range(STEPS)]
+    losses, want_r, want_i, forward = _torch_loop(wr, wi, batches)
+    on_complex, on_pairs = _trainer(wr, wi, backend), _trainer(wr, wi, backend)
+    assert on_complex.complex_inputs == {"z"} and on_complex.complex_outputs == {"y"}
+    for (z, t), loss in zip(batches, losses):
+        got = on_complex.step({"z": z, "t": t})
+        assert got == on_pairs.step({"z": _pair(z), "t": t})
+        assert got == pytest.approx(loss, rel=1e-12)
+    for trainer in (on_complex, on_pairs):
+        np.testing.assert_allclose(trainer.params["wr"], want_r, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(trainer.params["wi"], want_i, rtol=1e-12, atol=1e-14)
+    z, t = _complex(6, 4), RNG.standard_normal((6, 3))
+    for batch in ({"z": z}, {"z": z, "t": t}, {"z": _pair(z)}):
+        y = on_complex.predict(batch)["y"]
+        assert y.dtype == np.complex128 and y.shape == (6, 3)
+        np.testing.assert_allclose(y, forward(z), rtol=1e-12, atol=1e-12)
+    power = np.abs(forward(z)) ** 2
+    assert on_complex.evaluate({"z": z, "t": t})["loss"] == pytest.approx(np.mean((power - t) ** 2), rel=1e-12)
+
+
+def test_fit_reads_complex_arrays_from_a_data_loader():
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    z, t = _complex(8, 4), RNG.standard_normal((8, 3))
+    _, want_r, want_i, _ = _torch_loop(wr, wi, [(z[:4], t[:4]), (z[4:], t[4:])])
+    trainer = _trainer(wr, wi, "ort-cpu")
+    trainer.fit(gc.data.DataLoader({"z": z, "t": t}, batch_size=4, shuffle=False), epochs=1, progress=False,
+                quiet=True, eval_loader=gc.data.DataLoader({"z": z, "t": t}, batch_size=4, shuffle=False))
+    np.testing.assert_allclose(trainer.params["wr"], want_r, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(trainer.params["wi"], want_i, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("batch,match", [
+    (lambda z, t: {"z": z.real, "t": t}, r"input 'z': expected z: complex128\[N,4\] .*got the real float64\[5,4\]"),
+    (lambda z, t: {"z": z.astype(np.complex64), "t": t}, r"got complex64\[5,4\] \(cast it with .astype\(np.complex128"),
+    (lambda z, t: {"z": z, "t": t + 0j}, r"input 't': .*got complex128\[5,3\] .*'t' is no complex input"),
+])
+def test_a_wrong_dtype_for_the_trainer_is_an_input_error_naming_the_input(batch, match):
+    trainer = _trainer(RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3)), "numpy")
+    with pytest.raises(gc.InputError, match=match):
+        trainer.step(batch(_complex(5, 4), RNG.standard_normal((5, 3))))
+
+
+def test_graphc_train_reads_complex_arrays(capsys, tmp_path):
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    z, t = _complex(8, 4), RNG.standard_normal((8, 3))
+    _trainer(wr, wi, "numpy").artifacts.save(tmp_path / "arts")
+    np.savez(tmp_path / "data.npz", z=z, t=t)
+    result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "data.npz", "--epochs", "1",
+                     "--batch-size", "4", "-b", "numpy", "--checkpoint", tmp_path / "ckpt")
+    assert result.code == 0, result.err
+    in_process = gc.Trainer(tmp_path / "arts", backend="numpy")  # fit's loop is torch's: the test above
+    in_process.fit(gc.data.DataLoader({"z": z, "t": t}, batch_size=4, seed=0), epochs=1, progress=False, quiet=True)
+    trained = gc.Trainer(tmp_path / "ckpt", backend="numpy").params
+    for name, value in in_process.params.items():
+        np.testing.assert_array_equal(trained[name], value)
+    assert not np.array_equal(trained["wr"], wr)
+    np.savez(tmp_path / "bad.npz", z=z.astype(np.complex64), t=t)
+    result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "bad.npz", "--epochs", "1",
+                     "--batch-size", "4", "-b", "numpy")
+    assert result.code != 0 and "--data" in result.err and "complex64[8,4]" in result.err
+
