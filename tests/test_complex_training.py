@@ -1,15 +1,19 @@
 """Complex graph I/O (``graphc.model.complex_io``) in training and serving: the ``Trainer``'s ``step``/``fit``/
 ``evaluate``/``predict`` and ``graphc train``'s data take numpy complex arrays for a complex input and ``predict``
 gives a complex output complex, against torch 2.13's loop on complex tensors (float64/complex128, 1e-12) and against
-the same steps fed the ``[..., 2]`` pairs."""
+the same steps fed the ``[..., 2]`` pairs; the KServe v2 server takes and gives the pairs, over HTTP, and its model
+metadata names them."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 from cli_util import run_cli
+from serve_util import running_server
 
 import graphc as gc
+from graphc.serving.serve import create_app
 
 torch = pytest.importorskip("torch")
 
@@ -126,3 +130,26 @@ def test_graphc_train_reads_complex_arrays(capsys, tmp_path):
                      "--batch-size", "4", "-b", "numpy")
     assert result.code != 0 and "--data" in result.err and "complex64[8,4]" in result.err
 
+
+def test_kserve_takes_and_gives_complex_values_as_pairs_its_metadata_names(tmp_path):
+    """The metadata route listed a complex input or output as a plain FP64 [..., 2] tensor."""
+    w = _complex(4, 3)
+    path = gc.capture(lambda z, x: {"y": z @ gc.complex(gc.tensor(w.real), gc.tensor(w.imag)), "n": x * 2},
+                      z=gc.spec("complex128", ("N", 4)), x=gc.spec(gc.float64, ("N", 2))).save(tmp_path / "cx.onnx")
+    z, x = _complex(2, 4), RNG.standard_normal((2, 2))
+    body = {"inputs": [{"name": "z", "datatype": "FP64", "shape": [2, 4, 2], "data": _pair(z).ravel().tolist()},
+                       {"name": "x", "datatype": "FP64", "shape": [2, 2], "data": x.ravel().tolist()}]}
+    with running_server(create_app(path, backend="ort-cpu")) as address:
+        meta = httpx.get(f"http://{address}/v2/models/cx", timeout=60).json()
+        reply = httpx.post(f"http://{address}/v2/models/cx/infer", json=body, timeout=60)
+        body["inputs"][0].update(shape=[2, 4], data=z.real.ravel().tolist())
+        wrong = httpx.post(f"http://{address}/v2/models/cx/infer", json=body, timeout=60)
+    assert meta["inputs"] == [{"name": "z", "datatype": "FP64", "shape": [-1, 4, 2],
+                               "parameters": {"complex": "complex128"}}, {"name": "x", "datatype": "FP64", "shape": [-1, 2]}]
+    assert meta["outputs"][0] == {"name": "y", "datatype": "FP64", "shape": [-1, 3, 2],
+                                  "parameters": {"complex": "complex128"}}
+    assert reply.status_code == 200, reply.text
+    out = {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in reply.json()["outputs"]}
+    y = out["y"][..., 0] + 1j * out["y"][..., 1]
+    np.testing.assert_allclose(y, (torch.from_numpy(z) @ torch.from_numpy(w)).numpy(), rtol=1e-12, atol=1e-12)
+    assert wrong.status_code == 400 and "input 'z'" in wrong.json()["error"] and "real pair" in wrong.json()["error"]

@@ -276,9 +276,10 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
         return [{"name": m.name, "version": m.version, "state": "READY"}
                 for versions in models.values() for m in versions.values()]
 
-    @app.get("/v2/models/{name}", response_model=schemas.ModelMetadata, responses=_ERRORS)
+    @app.get("/v2/models/{name}", response_model=schemas.ModelMetadata, responses=_ERRORS,
+             response_model_exclude_unset=True)  # a real tensor's metadata has no parameters
     @app.get("/v2/models/{name}/versions/{version}", response_model=schemas.ModelMetadata, responses=_ERRORS,
-             operation_id="model_metadata_versioned")
+             operation_id="model_metadata_versioned", response_model_exclude_unset=True)
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
         return registry.get(name, version).metadata
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from graphc.errors import GraphError, InputError, ModelLoadError, RequestTooLarge, RunCancelled, TensorTooLarge
 from graphc.model import Model, load
+from graphc.model.complex_io import complex_spec
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.serving.deploy import check_model_name, feedable_inputs, require_tensor_interface, triton_config, triton_versions
 from graphc.serving.kserve import model_config
@@ -35,14 +36,20 @@ _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
 _Reshapes = dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # name -> (client's shape, model's shape)
 
 
-def _tensor_metadata(spec: TensorSpec, model: str, kind: str, dims: list[int] | None) -> dict[str, Any]:
+def _tensor_metadata(spec: TensorSpec, model: str, kind: str, dims: list[int] | None,
+                     complex_names: frozenset[str]) -> dict[str, Any]:
     """``spec`` as the metadata route lists it; ``dims`` (the batch dim included), where its config
-    reshapes it, are the shape clients see, as Triton lists them."""
+    reshapes it, are the shape clients see, as Triton lists them. The protocol has no complex
+    datatype: a complex input or output (one of ``complex_names``, ``graphc.model.complex_io``) is
+    served as its ``[..., 2]`` real pair, which its ``parameters`` say: ``{"complex": "complex128"}``."""
     if spec.dtype not in DATATYPES.values():
         raise ModelLoadError(f"model {model!r}: {kind} {spec.name!r} has dtype {spec.dtype}, which the KServe "
                              f"v2 protocol cannot carry here (served dtypes: {', '.join(DATATYPES.values())})")
     shape = [-1] if spec.shape is None else [d if isinstance(d, int) else -1 for d in spec.shape]
-    return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape if dims is None else dims}
+    listed = {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape if dims is None else dims}
+    if spec.name in complex_names:
+        listed["parameters"] = {"complex": complex_spec(spec).dtype}
+    return listed
 
 
 def _reshapes(model: str, kind: str, tensors: Any) -> _Reshapes:
@@ -114,10 +121,10 @@ class ServedModel:
         self._lock = None if self.session.backend.startswith("ort") else threading.Lock()
         self.metadata = {
             "name": name, "versions": [version], "platform": self.platform,
-            "inputs": [_tensor_metadata(s, name, "input", self._client_dims(self._in_reshapes, s.name))
-                       for s in self.inputs],
-            "outputs": [_tensor_metadata(s, name, "output", self._client_dims(self._out_reshapes, s.name))
-                        for s in self.outputs],
+            "inputs": [_tensor_metadata(s, name, "input", self._client_dims(self._in_reshapes, s.name),
+                                        self.session.complex_inputs) for s in self.inputs],
+            "outputs": [_tensor_metadata(s, name, "output", self._client_dims(self._out_reshapes, s.name),
+                                         self.session.complex_outputs) for s in self.outputs],
         }
 
     def _client_dims(self, reshapes: _Reshapes, name: str) -> list[int] | None:

@@ -195,6 +195,9 @@ class TensorMetadata(BaseModel):
     name: str
     datatype: Datatype
     shape: list[int] = Field(description="-1 for a dim of any size.")
+    parameters: Union[dict[str, str], None] = Field(None, description=(
+        'Only on a complex input or output, sent as its [..., 2] real pair (real, imaginary): {"complex": '
+        '"complex64"} for an FP32 pair, "complex128" for FP64.'))
 
 
 class ModelMetadata(BaseModel):
