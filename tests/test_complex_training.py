@@ -6,10 +6,13 @@ metadata names them."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import httpx
 import numpy as np
 import pytest
 from cli_util import run_cli
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
 from serve_util import running_server
 
 import graphc as gc
@@ -98,6 +101,23 @@ def test_fit_reads_complex_arrays_from_a_data_loader():
                 quiet=True, eval_loader=gc.data.DataLoader({"z": z, "t": t}, batch_size=4, shuffle=False))
     np.testing.assert_allclose(trainer.params["wr"], want_r, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(trainer.params["wi"], want_i, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")
+def test_data_parallel_workers_take_and_give_complex_arrays(ray_cluster):  # noqa: F811 - the fixture
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    batches = [(_complex(6, 4), RNG.standard_normal((6, 3))) for _ in range(2)]
+    losses, want_r, _, forward = _torch_loop(wr, wi, batches)
+    trainer = gc.Trainer(_trainer(wr, wi, "numpy").artifacts, backend="numpy", workers=2, num_cpus=0.5, timeout_s=120)
+    try:
+        for (z, t), loss in zip(batches, losses):
+            assert trainer.step({"z": z, "t": t}) == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_allclose(trainer.params["wr"], want_r, rtol=1e-12, atol=1e-14)
+        y = trainer.predict({"z": batches[0][0]})["y"]
+        assert y.dtype == np.complex128
+        np.testing.assert_allclose(y, forward(batches[0][0]), rtol=1e-12, atol=1e-12)
+    finally:
+        trainer.shutdown()
 
 
 @pytest.mark.parametrize("batch,match", [
