@@ -4,10 +4,13 @@ hook that clips its gradient's norm, each not linear in its gradient, step as to
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.errors import ArtifactsError
 
 torch = pytest.importorskip("torch")
 
@@ -94,3 +97,38 @@ def test_a_model_without_functions_keeps_its_graphs():
     trainer.step({"x": x, "y": y})
     for name, value in _torch_step(hooked.params, x, y, 1, "mean").items():
         np.testing.assert_allclose(trainer.params[name], value, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def _clamped_mlp(lib):
+    """A 3-4-1 MLP whose first weight's post-accumulate hook clamps ``.grad`` to 0.01."""
+    net = lib.nn.Sequential(lib.nn.Linear(3, 4), lib.nn.Tanh(), lib.nn.Linear(4, 1)).double()
+
+    def clamp(p):
+        p.grad.clamp_(-0.01, 0.01)
+
+    net[0].weight.register_post_accumulate_grad_hook(clamp)
+    return net
+
+
+def test_post_accumulate_hooks_step_as_torchs_and_are_refused_where_torch_sees_a_sum():
+    """torch runs a post-accumulate hook on ``.grad`` after each micro-batch's backward (the running sum), and
+    graphc's gradients graph on the micro-batch's own gradient: ``accumulate=2`` (and ``workers=2``) refuse it
+    naming the capture's line; one batch steps as torch's."""
+    model = gc.capture(_clamped_mlp(gc), x=gc.spec("float64", ("N", 3)))
+    artifacts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.5))
+    where = r"the model captured at .*test_accumulate_hooks.py:\d+ has a Parameter.register_post_accumulate_grad_hook"
+    with pytest.raises(ArtifactsError, match=rf"gc.Trainer\(accumulate=2\): {where}.*sum of the micro-batches"):
+        gc.Trainer(artifacts, backend="numpy", accumulate=2)
+    if importlib.util.find_spec("ray") is not None:  # refused before Ray starts
+        with pytest.raises(ArtifactsError, match=rf"gc.Trainer\(workers=2\): {where}"):
+            gc.Trainer(artifacts, backend="numpy", workers=2)
+    x, y = RNG.normal(size=(8, 3)) * 2, RNG.normal(size=(8, 1)) * 3
+    trainer = gc.Trainer(artifacts, backend="numpy")
+    trainer.step({"x": x, "y": y})
+    twin = _clamped_mlp(torch)
+    twin.load_state_dict({n: torch.tensor(v) for n, v in model.params.items()})
+    torch.nn.functional.mse_loss(twin(torch.tensor(x)), torch.tensor(y)).backward()
+    assert twin[0].weight.grad.abs().max() == pytest.approx(0.01)  # the clamp bites
+    for n, p in twin.named_parameters():
+        np.testing.assert_allclose(trainer.params[n], model.params[n] - 0.5 * p.grad.numpy(), rtol=1e-12,
+                                   atol=1e-15, err_msg=n)

@@ -30,7 +30,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
-__all__ = ["HookHandle", "TensorHook", "checked_grad", "hook_label", "no_grad_error", "refuse_in_body",
+__all__ = ["HookHandle", "PostAccumulateHook", "TensorHook", "checked_grad", "hook_label", "no_grad_error", "refuse_in_body",
            "refuse_no_grad", "refuse_uncallable", "register_hook"]
 
 
@@ -68,6 +68,11 @@ class TensorHook(Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
         return checked_grad(ctx.hook(grad), grad, ctx.where), None, None
+
+
+class PostAccumulateHook(TensorHook):
+    """``TensorHook`` of a parameter's post-accumulate hook (a hook whose ``marker`` is this class): its record's
+    class tells the Trainer a hook that torch runs on the accumulated ``.grad`` (``check_accumulable``)."""
 
 
 def refuse_uncallable(hook: Any, what: str) -> None:
@@ -154,7 +159,7 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
     state = builder.set_gradients(True)
     try:
         slot = ops.emit("Identity", [Tensor(point.base)], name_hint="hook_slot")
-        out = TensorHook.apply(slot, hook, where).value
+        out = getattr(hook, "marker", TensorHook).apply(slot, hook, where).value
     finally:
         builder.restore_gradients(state)
         builder.scopes.pop()

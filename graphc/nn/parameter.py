@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
-from graphc.dsl.grad_hooks import (HookHandle, apply_hook, hook_label, no_grad_error, refuse_in_body,
-                                   refuse_uncallable)
+from graphc.dsl.grad_hooks import (HookHandle, PostAccumulateHook, apply_hook, hook_label, no_grad_error,
+                                   refuse_in_body, refuse_uncallable)
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -114,7 +114,8 @@ class Parameter(Sized):
         ``.grad`` the gradient (after every ``register_hook`` hook registered before the capture), and what it
         leaves there (assigned, or changed in place: ``p.grad.clamp_(-1, 1)``) is the gradient ``gc.grad`` gives
         and a training graph steps by; it returns None, as torch's must. A training graph zeroes gradients
-        every step, so ``.grad`` holds the step's gradient (under ``accumulate=k``, each micro-batch's)."""
+        every step, so ``.grad`` holds the step's gradient. ``gc.Trainer(accumulate=k)`` and ``workers=N`` refuse such
+        artifacts (``refuse_post_accumulate_hooks``)."""
         return self.register_hook(_PostAccumulate(self, hook, f"Parameter.register_post_accumulate_grad_hook "
                                                               f"at {user_source()}"))
 
@@ -160,6 +161,8 @@ for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_
 
 class _PostAccumulate:
     """A post-accumulate hook as a gradient hook: ``hook`` called with ``_Accumulated``, its ``.grad`` returned."""
+
+    marker = PostAccumulateHook  # what ``apply_hook`` applies
 
     def __init__(self, param: Parameter, hook: Any, where: str) -> None:
         refuse_uncallable(hook, where)

@@ -34,6 +34,7 @@ Not here: ``cuda_graph``, embeddings with ``max_norm`` and SyncBatchNorm (all re
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -50,7 +51,8 @@ from graphc.runtime.session import check_options
 from graphc.runtime.trainer import TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, without_initializers
 from graphc.runtime.weight_averaging import AfterUpdate
 
-__all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "counting", "micro_batches"]
+__all__ = ["AccumulatingTrainer", "check_accumulable", "checked_accumulate", "counting", "micro_batches",
+           "refuse_post_accumulate_hooks"]
 
 
 def checked_accumulate(value: Any) -> int:
@@ -58,6 +60,21 @@ def checked_accumulate(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {value!r}")
     return int(value)
+
+
+def refuse_post_accumulate_hooks(gradients: Any, trainer: str, why: str) -> None:
+    """Refuse artifacts whose gradients graph (``gradients``, a proto) holds a parameter's post-accumulate grad hook
+    (``grad_hooks.PostAccumulateHook``'s marker), naming the capture it came from: ``trainer`` (``accumulate=3``)
+    runs it on a part of the step's gradient, ``why`` says where torch runs it instead."""
+    from graphc.passes.values import AUTOGRAD_KEY
+
+    records = [json.loads(p.value) for n in gradients.graph.node for p in n.metadata_props if p.key == AUTOGRAD_KEY]
+    sources = sorted({r["source"] for r in records if r["class"] == "PostAccumulateHook"})
+    if sources:
+        raise ArtifactsError(f"gc.Trainer({trainer}): the model captured at {', '.join(sources)} has a "
+                             "Parameter.register_post_accumulate_grad_hook, which its gradients graph runs on each "
+                             f"part of the step's gradient; {why}, so a hook that is not linear would step elsewhere. "
+                             "Train it with one worker and accumulate=1, or make it a param.register_hook hook")
 
 
 def check_accumulable(manifest: Any, gradients: Any, k: int) -> None:
@@ -78,6 +95,8 @@ def check_accumulable(manifest: Any, gradients: Any, k: int) -> None:
     if any(p.key == EXCHANGE_KEY for n in gradients.graph.node for p in n.metadata_props):
         raise ArtifactsError(f"accumulate={k}: SyncBatchNorm's gradients graph exchanges statistics between "
                              "workers; gradient accumulation does not support it")
+    refuse_post_accumulate_hooks(gradients, f"accumulate={k}", "torch runs it after each micro-batch's backward on "
+                                 ".grad, the sum of the micro-batches so far")
     outputs = {e.name for e in m.graphs["gradients"].outputs}
     updated = set(m.feeds.values()) - set(state_names(m.loss_scale))  # not the loss scale: the update's
     stale = [e.name for e in m.graphs["gradients"].inputs

@@ -61,6 +61,7 @@ from graphc.runtime.distributed.optimizer_shards import ShardPlan
 from graphc.runtime.distributed.placement import actor_options, restartable, worker_names
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
+from graphc.runtime.accumulating import refuse_post_accumulate_hooks
 from graphc.runtime.distributed.trainable import check_data_parallel
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
@@ -137,6 +138,9 @@ class DistributedTrainer(BatchMessages, DriverAveraging, Trainer, DrivesWorkers)
     def _check_data_parallel(self) -> None:
         """Refuse artifacts the workers cannot train as one process would (``trainable``)."""
         check_data_parallel(self.manifest, self.workers)
+        if self.workers > 1:
+            refuse_post_accumulate_hooks(self.artifacts.gradients.proto, f"workers={self.workers}",
+                                         "whether that is torch DDP's gradient is not checked")
 
     def _split_rows(self) -> None:
         """Which inputs are cut into shards and which outputs joined by rows (``rows``); the
