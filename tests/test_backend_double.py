@@ -178,3 +178,28 @@ def test_float64_gelu_runs_on_ort_within_a_few_ulps(approximate):
     torch_gelu = torch.nn.functional.gelu(torch.from_numpy(x), approximate=approximate).numpy()
     # torch's 1 + erf(z) (1 + tanh(u)) is off by up to an ulp of 1: x/2 * 2^-53 absolute for negative x
     np.testing.assert_allclose(got, torch_gelu, rtol=2e-15, atol=np.abs(x[np.isfinite(x)]).max() * 2.0**-54)
+
+
+@pytest.mark.parametrize("ratio_dtype", [np.float32, np.float64])
+def test_float64_training_dropout_on_ort_divides_in_double_by_its_own_mask(ratio_dtype):
+    """onnxruntime's double Dropout scales by a float32 1 / (1 - ratio) (1.7e-8 relative off at ratio 0.3 before); its mask
+    still decides, and the kept values are x / (1 - ratio) in double, as the numpy backend's: a constant training
+    mode and one fed at run time (False: x itself, the mask all True)."""
+    x = RNG.standard_normal((40, 50)) + 5
+    ratio = onnx.numpy_helper.from_array(np.asarray(0.3, ratio_dtype), "ratio")
+    mask = helper.make_tensor_value_info("mask", onnx.TensorProto.BOOL, (40, 50))
+    fed = _model([helper.make_node("Dropout", ["x", "ratio", "t"], ["y", "mask"])],
+                 [_double("x", (40, 50)), helper.make_tensor_value_info("t", onnx.TensorProto.BOOL, ())],
+                 [_double("y", (40, 50)), mask], [ratio])
+    fixed = _model([helper.make_node("Dropout", ["x", "ratio", "t"], ["y"])], [_double("x", (40, 50))],
+                   [_double("y", (40, 50))], [ratio, onnx.numpy_helper.from_array(np.asarray(True), "t")])
+    held = 1 - float(ratio_dtype(0.3))
+    for backend in ("ort-cpu", "numpy"):
+        y, kept = gc.Session(fed, backend=backend).run({"x": x, "t": np.asarray(True)}).values()
+        assert 0.6 < kept.mean() < 0.8, backend
+        np.testing.assert_array_equal(y, np.where(kept, x / held, 0), err_msg=backend)
+        y, kept = gc.Session(fed, backend=backend).run({"x": x, "t": np.asarray(False)}).values()
+        assert kept.all() and (y == x).all(), backend
+        y = gc.Session(fixed, backend=backend).run({"x": x})["y"]
+        assert 0.6 < (y != 0).mean() < 0.8, backend
+        np.testing.assert_allclose(y[y != 0], (x / held)[y != 0], rtol=1e-15, err_msg=backend)
