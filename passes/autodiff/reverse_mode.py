@@ -59,27 +59,18 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.model import CHECKPOINT_KEY
-from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_float, is_static, rows_factors,
-                                            static_shape, take_outputs)
+from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_float, is_static, static_shape,
+                                            take_outputs)
 from graphc.passes.autodiff.loops import copy_graph, copy_node
+from graphc.passes.autodiff.step_terms import (hoist_invariants, prune, same_shape_every_step,
+                                               summed_over_steps, terms, unreshaped)
 from graphc.passes.evaluate import run_graph
-from graphc.passes.values import subgraphs
 
 __all__ = ["TAPED", "Reverse", "reverse_loop", "reverse_scan"]
 
 # body ops whose outputs the taped copy stacks for the backward instead of its recomputing them: the
 # matrix products, and the activations whose gradient reads their output (an RNN cell's gates)
 TAPED = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Sigmoid", "Tanh"})
-# ops whose output's shape depends on their inputs' values, and ops that take a shape, sizes or axes as inputs
-_DATA_SHAPED = frozenset({"NonZero", "Compress", "Unique", "Loop", "Scan", "If", "StringSplit"})
-_SHAPE_TAKING = frozenset({"Reshape", "Expand", "Tile", "Pad", "Slice", "Range", "ConstantOfShape", "TopK", "OneHot",
-                           "Resize", "Split", "Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax",
-                           "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare",
-                           "Upsample", "CenterCropPad", "Col2Im", "DFT", "STFT"})
-_RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                     "Bernoulli", "Dropout"})
-
-
 def reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
     """Gradients of a Loop whose number of steps is known only at run time (its own exit
     condition, a trip count fed in), in reverse mode with a tape (``Reverse``): a copy of the
@@ -194,89 +185,6 @@ def summed(g: GradBuilder, pairs) -> dict:
     return result
 
 
-def _terms(value: ir.Value, graph: ir.Graph) -> list[ir.Value]:
-    """The addends of ``value``: through the same-shape Adds and Sums ``graph`` computes it with."""
-    node = value.producer()
-    shape = static_shape(value)
-    if node is None or node.graph is not graph or node.op_type not in ("Add", "Sum") or shape is None \
-            or any(static_shape(v) != shape for v in node.inputs):
-        return [value]
-    return [term for v in node.inputs for term in _terms(v, graph)]
-
-
-def _same_shape_every_step(value: ir.Value, graph: ir.Graph, seen: dict) -> bool:
-    """Whether ``value`` of the loop body ``graph`` has the same shape at every step, its carried
-    values and slices having one: no op with a data-dependent shape (a nested loop's stacks, NonZero)
-    on its way, and every shape, axes or size input a constant, an outer value or a ``Shape`` of such
-    a value. False where unsure: the steps' stacks would not stack."""
-    node = value.producer()
-    if node is None or node.graph is not graph:
-        return True
-    if node not in seen:
-        seen[node] = False  # a cycle cannot occur; this only stops a revisit
-        if node.op_type in _DATA_SHAPED or subgraphs(node):
-            return False
-        sizes = node.inputs[1:] if node.op_type in _SHAPE_TAKING else []
-        seen[node] = all(v is None or _same_shape_every_step(v, graph, seen) for v in node.inputs) and all(
-            v is None or folded_array(v) is not None or v.producer() is None or v.producer().graph is not graph
-            or (v.producer().op_type in ("Shape", "Size")
-                and _same_shape_every_step(v.producer().inputs[0], graph, seen)) for v in sizes)
-    return seen[node]
-
-
-def _inside(values, graph: ir.Graph) -> bool:
-    return all(v in graph.inputs or (v.producer() is not None and v.producer().graph is graph) for v in values)
-
-
-def _summed_over_steps(term: ir.Value, like: ir.Value, graph: ir.Graph, bound: frozenset = frozenset()):
-    """How the steps' ``term``s (the gradient of ``like``, of static shape) add up without an
-    accumulator: ("rows", A, B) for ``Gemm(A, B, transA=1)`` or ``MatMul(Transpose(A), B)`` (A
-    [rows, k], B [rows, m]: a sum over rows, which the steps' rows extend), ("axes", v, axes) for
-    ``ReduceSum(v, axes, keepdims=0)`` (the steps an axis more), of values ``graph`` computes or
-    reads as a step's slice (``bound``: its scanned inputs, listed as inputs once it is built; an
-    LSTM's [B, H] h read off its tape is a Gemm's operand as it is); None for any other term."""
-    node, shape = term.producer(), static_shape(like)
-    if node is None or node.graph is not graph or shape is None or not is_static(shape) or not _inside(
-            [v for v in node.inputs if v is not None and folded_array(v) is None and v not in bound], graph) \
-            or not all(_same_shape_every_step(v, graph, {}) for v in node.inputs if v is not None):
-        return None
-    rows = rows_factors(node) if len(shape) == 2 else None
-    if rows is not None and (node.op_type == "Gemm" or _inside(rows[:1], graph)):  # MatMul: its Transpose's A too
-        return "rows", *rows
-    axes = folded_array(node.inputs[1]) if node.op_type == "ReduceSum" and len(node.inputs) == 2 else None
-    if axes is not None and attr(node, "keepdims", 1) == 0 and axes.size and (axes >= 0).all():
-        return "axes", node.inputs[0], [int(a) for a in axes.reshape(-1)]
-    return None
-
-
-def _unreshaped(value: ir.Value, graph: ir.Graph) -> ir.Value:
-    """``value`` without the Reshapes ``graph`` computes it with: a factor of a Gemm over the stacked
-    steps is reshaped to rows after the loop anyway."""
-    node = value.producer()
-    while node is not None and node.graph is graph and node.op_type == "Reshape":
-        value, node = node.inputs[0], node.inputs[0].producer()
-    return value
-
-
-def _hoist_invariants(graph: ir.Graph, outer: ir.Graph) -> None:
-    """Move the nodes of ``graph`` (a Loop body) that read no value it computes, nor a random one,
-    to the end of ``outer``: computed once, not every step (the transposed recurrence weight)."""
-    for node in list(graph):
-        reads = [v for v in node.inputs if v is not None]
-        if node.op_type in _RANDOM or subgraphs(node) \
-                or any(v in graph.inputs or (v.producer() is not None and v.producer().graph is graph) for v in reads):
-            continue
-        graph.remove(node)
-        outer.append(node)
-
-
-def _prune(graph: ir.Graph) -> None:
-    """Remove the nodes of ``graph`` whose outputs nothing reads."""
-    for node in reversed(list(graph)):
-        if not any(v.uses() or v.is_graph_output() for v in node.outputs):
-            graph.remove(node, safe=True)
-
-
 class Reverse:
     """Reverse mode through a loop body whose steps are not unrolled.
 
@@ -287,7 +195,7 @@ class Reverse:
     from the dys of the final values) plus the step's slice of each scan output's dy. Gradients
     of outer values the body reads are summed in further state accumulators, but for their
     ``A^T @ B`` and ``ReduceSum`` terms, whose operands the backward stacks for one Gemm or
-    ReduceSum after it (``_summed_over_steps``); those of per-step body inputs (``sliced``) are
+    ReduceSum after it (``summed_over_steps``); those of per-step body inputs (``sliced``) are
     stacked by the backward. The body may not carry a sequence."""
 
     def __init__(self, g: GradBuilder, node: ir.Node, body: ir.Graph, carried_in: list, carried_out: list):
@@ -306,7 +214,7 @@ class Reverse:
         stable: dict = {}
         self.products = [n.outputs[0] for n in body if n.op_type in TAPED and n.domain in ("", "ai.onnx")
                          and CHECKPOINT_KEY not in n.metadata_props and n.outputs[0] in per_step and is_float(n.outputs[0])
-                         and _same_shape_every_step(n.outputs[0], body, stable)]
+                         and same_shape_every_step(n.outputs[0], body, stable)]
         self.regions_read = {v for n in body if CHECKPOINT_KEY in n.metadata_props for v in n.inputs}
         self.product_tapes: list[ir.Value] = []
         self.taped: ir.Node | None = None  # none for a Scan that carries nothing: it runs as it is
@@ -400,8 +308,8 @@ class Reverse:
         rest: dict[ir.Value, ir.Value] = {}  # captured -> its other terms' sum
         for c in (c for c in self.captured if c in grads):
             others = []
-            for term in _terms(grads[c], backward):
-                form = None if c in self.regions_read else _summed_over_steps(
+            for term in terms(grads[c], backward):
+                form = None if c in self.regions_read else summed_over_steps(
                     term, c, backward, frozenset(r[0] for r in self.scanned))
                 (after.setdefault(c, []).append(form) if form else others.append(term))
             if others:
@@ -413,12 +321,12 @@ class Reverse:
         for value, like in zip(outputs, [*loop_inputs[1:], *dv_in, *acc_in]):
             self.typed(value, like)
         flowing = [k for k, v in enumerate(slices) if v in grads]
-        factors = [_unreshaped(v, backward) for forms in after.values() for form in forms for v in form[1:]
+        factors = [unreshaped(v, backward) for forms in after.values() for form in forms for v in form[1:]
                    if isinstance(v, ir.Value)]
         sources: dict[ir.Value, tuple] = {}  # a factor -> where its stack of all steps is, in the same step order
         if steps is None:  # what the backward Scan reads or stacks last step first along axis 0 is in forward order
             sources.update((r[0], ("outer", r[1])) for r in self.scanned if r[2] == 0 and r[3] == 1)
-            sources.update((_unreshaped(grads[slices[k]], backward), ("out", n_out_at))
+            sources.update((unreshaped(grads[slices[k]], backward), ("out", n_out_at))
                            for n_out_at, k in enumerate(flowing) if sliced[k][1] == 0 and sliced[k][2])
         own = [v for v in dict.fromkeys(factors) if v not in sources]  # stacked by the backward itself
         sources.update((v, ("out", len(flowing) + j)) for j, v in enumerate(own))
@@ -426,9 +334,9 @@ class Reverse:
             outputs.append(self.typed(sub.op("Identity", v), like))
         backward.outputs.extend(outputs)
         backward.inputs.extend([*loop_inputs, *dv_in, *acc_in, *(r[0] for r in self.scanned)])
-        _prune(backward)
+        prune(backward)
         self._shapes_outside()
-        _hoist_invariants(backward, g.graph)
+        hoist_invariants(backward, g.graph)
         read = [r for r in self.scanned if r[0].uses()] or self.scanned[:1]  # a Scan scans one input at least
         for r in self.scanned:
             if r not in read:
