@@ -114,7 +114,7 @@ def test_a_head_past_the_limit_gets_a_431_at_once_and_one_within_it_is_served(tm
     """httptools bounds neither a header, nor the header list, nor a chunked body's trailers: a
     client sent 1.4 GB of headers in 4 s (or 416 MB of trailers), all held by the server (RSS 125 MB
     -> 1.5 GB) until the read timeout."""
-    from graphc.serving.kserve.server import MAX_HEAD_BYTES
+    from graphc.serving.kserve.deadline_protocol import MAX_HEAD_BYTES
 
     onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
     body = loop_body(3, 0.5)

@@ -12,7 +12,7 @@ import time
 import onnx
 import pytest
 
-from graphc.serving.kserve.server import LINGER_BYTES, LINGER_SECONDS
+from graphc.serving.kserve.deadline_protocol import LINGER_BYTES, LINGER_SECONDS
 from serve_util import loop_model, serve_process
 
 HEAD = b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
