@@ -86,6 +86,17 @@ def test_functional_rnn_refusals_name_the_problem():
         gc.capture(lambda x, h: gc.lstm(x, np.array([2, 2, 2]), [h, h], w, False, 1, 0.0, False, False), x=x, h=h)
     with pytest.raises(gc.CaptureError, match=r"torch.gru takes a rank-3 input \(L, N, H_in\), got float64\[2,4\]"):
         gc.capture(lambda x, h: gc.gru(x[0], h, w, False, 1, 0.0, False, False, False), x=x, h=h)
+    # weights that do not fit hx's width, and states of another layer count, were a broadcast error deep in the
+    # run or sliced silently: torch's "Expected hidden size" check, naming the weight or the state
+    with pytest.raises(gc.CaptureError, match=r"torch.gru: params\[1\] \(weight_hh_l0\) is float64\[15,4\]; expected "
+                                              r"\[15, 5\] for hidden size 5 \(hx's width\)"):
+        gc.capture(lambda x, h: gc.gru(x, h, [w[0], np.zeros((15, 4))], False, 1, 0.0, False, False, False), x=x, h=h)
+    with pytest.raises(gc.CaptureError, match=r"GRU\(float64\[2,2,5\]\): expects a state of shape \(num_layers \* "
+                                              r"directions, N, width\) \[1, 2, 5\]"):
+        gc.capture(lambda x, h: gc.gru(x, h, w, False, 1, 0.0, False, False, False), x=x, h=np.zeros((2, 2, 5)))
+    with pytest.raises(gc.CaptureError, match=r"LSTM\(float64\[2,3,5\]\): expects a state .* \[2, 2, 5\]"):
+        lstm = gc.nn.LSTM(4, 5, num_layers=2).double()
+        gc.capture(lambda x, h, c: lstm(x, (h, c))[0], x=x, h=np.zeros((2, 3, 5)), c=np.zeros((2, 2, 5)))
 
 
 # -- the native_* tuples ----------------------------------------------------------------------------

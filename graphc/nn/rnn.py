@@ -25,7 +25,7 @@ from graphc.nn.signatures import takes_device
 from graphc.nn.utils.rnn import PackedSequence
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
-_GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
+GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
 
 
 def refuse_base(module: Module, base: type, build: str) -> None:
@@ -76,7 +76,7 @@ class RNNBase(Module):
         for layer in range(num_layers):
             for suffix in self._suffixes(layer):
                 inputs = input_size if layer == 0 else out * self.directions
-                add_gate_parameters(self, suffix, _GATES[self.op][0], inputs, hidden_size, bias, dtype, proj_size)
+                add_gate_parameters(self, suffix, GATES[self.op][0], inputs, hidden_size, bias, dtype, proj_size)
 
     @property
     def directions(self) -> int:
@@ -87,7 +87,7 @@ class RNNBase(Module):
 
     def _onnx_order(self, w: Tensor) -> Tensor:
         """PyTorch's gate blocks (rows) in ONNX's order."""
-        h, order = self.hidden_size, _GATES[self.op][1]
+        h, order = self.hidden_size, GATES[self.op][1]
         if order == sorted(order):
             return w
         return ops.concat([w[g * h:(g + 1) * h] for g in order], axis=0)
@@ -146,6 +146,12 @@ class RNNBase(Module):
             x = ops.transpose(x, [1, 0, 2])
         finals: list[list[Tensor]] = []
         d = self.directions
+        for state, width in ((h0, self.proj_size or self.hidden_size), (c0, self.hidden_size)):
+            want = [self.num_layers * d, x.shape[1] if x.shape else None, width]
+            if state is not None and state.shape is not None and (len(state.shape) != 3 or any(
+                    isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(state.shape, want))):
+                raise op_error(self.op, [state], f"expects a state of shape (num_layers * directions, N, width) "
+                               f"{want}", user_source())
         for layer in range(self.num_layers):
             state = [None if s is None else s[layer * d:(layer + 1) * d] for s in (h0, c0)]
             x, *last = self._layer(layer, x, *state, lengths)

@@ -14,7 +14,7 @@ from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module
-from graphc.nn.rnn import GRU, LSTM, RNN, RNNBase
+from graphc.nn.rnn import GATES, GRU, LSTM, RNN, RNNBase
 
 __all__ = ["gru", "lstm", "rnn_relu", "rnn_tanh"]
 
@@ -42,12 +42,26 @@ def _held(cls: type, fn: str, x: Any, hx: list[Tensor], params: Any, has_biases:
     rnn.input_size, rnn.hidden_size, rnn.num_layers, rnn.bias = params[0].shape[-1], hidden, num_layers, has_biases
     rnn.batch_first, rnn.dropout, rnn.bidirectional = batch_first, dropout, bidirectional
     rnn.nonlinearity, rnn.proj_size, rnn.training = nonlinearity, proj, bool(train)
-    weights = iter(params)
+    weights = iter(enumerate(params))
     for layer in range(num_layers):
         for suffix in rnn._suffixes(layer):
             for name in names:
-                setattr(rnn, f"{name}{suffix}", next(weights))
+                i, weight = next(weights)
+                want = _shape(rnn, name, layer)
+                if weight.shape is not None and (len(weight.shape) != len(want) or any(
+                        isinstance(d, int) and d != w for d, w in zip(weight.shape, want))):
+                    raise CaptureError(f"torch.{fn}: params[{i}] ({name}{suffix}) is {weight.type_str()}; expected "
+                                       f"{list(want)} for hidden size {hidden}{f', proj_size {proj}' if proj else ''} "
+                                       f"(hx's width) {where}")
+                setattr(rnn, f"{name}{suffix}", weight)
     return rnn
+
+
+def _shape(rnn: RNNBase, name: str, layer: int) -> tuple[int, ...]:
+    """torch's shape of ``rnn``'s weight ``name`` of ``layer`` (``add_gate_parameters``')."""
+    rows, out = GATES[rnn.op][0] * rnn.hidden_size, rnn.proj_size or rnn.hidden_size
+    return {"weight_ih": (rows, rnn.input_size if layer == 0 else out * rnn.directions), "weight_hh": (rows, out),
+            "bias_ih": (rows,), "bias_hh": (rows,), "weight_hr": (rnn.proj_size, rnn.hidden_size)}[name]
 
 
 def _packed(fn: str, cls: type) -> CaptureError:
