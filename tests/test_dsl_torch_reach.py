@@ -305,10 +305,14 @@ def test_values_made_outside_a_capture_are_read_and_new_makes_torchs_tensors():
         made.item()
     assert made.retains_grad is False
     x = np.ones((2, 3), np.float32)
-    got = run_both(gc.capture(lambda x: (x.new(2, 4), x.new([1, 2]), x.new()), x=x), {"x": x})
-    for i, want in enumerate((t.float().new(2, 4).zero_(), torch.ones(1).new([1, 2]), torch.ones(1).new())):
+    got = run_both(gc.capture(lambda x: (x.new(2, 4), x.new([1, 2]), x.new(), x.new(x.shape), x.new((2, 3))), x=x),
+                   {"x": x})
+    tx = torch.from_numpy(x)
+    for i, want in enumerate((t.float().new(2, 4).zero_(), torch.ones(1).new([1, 2]), torch.ones(1).new(),
+                              tx.new(tx.shape).zero_(), tx.new((2, 3)))):  # a Size: a shape; a tuple: data
         assert got[f"output_{i}"].dtype == want.numpy().dtype and got[f"output_{i}"].shape == tuple(want.shape)
     np.testing.assert_array_equal(got["output_1"], [1, 2])
+    np.testing.assert_array_equal(got["output_4"], [2, 3])
 
 
 # -- torch.lu_solve, svd_lowrank, pca_lowrank ---------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 
 from graphc.dsl.builder import made_outside, user_source
 from graphc.dsl.ops_factories import new_empty, new_tensor
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import Size, Tensor
 from graphc.errors import CaptureError
 
 __all__ = ["METHODS", "is_nonzero"]
@@ -56,11 +56,12 @@ def is_nonzero(input: Any) -> bool:  # noqa: A002 - torch's name
 
 
 def new(t: Tensor, *args: Any) -> Tensor:
-    """torch's legacy ``t.new(...)``: sizes give ``new_empty`` (zeros), data (a list or array) ``new_tensor``, both
-    of ``t``'s dtype; no argument gives an empty ``[0]`` Tensor."""
+    """torch's legacy ``t.new(...)``: sizes (ints, or one ``Size``: ``x.new(x.shape)``) give ``new_empty`` (zeros),
+    data (a list, tuple or array) ``new_tensor``, both of ``t``'s dtype; no argument gives an empty ``[0]`` Tensor."""
     if not args:
         return new_empty(t, 0)
-    if all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in args):
+    if all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in args) or (
+            len(args) == 1 and isinstance(args[0], Size)):
         return new_empty(t, *args)
     if len(args) == 1 and not isinstance(args[0], Tensor):
         return new_tensor(t, args[0])
