@@ -176,6 +176,17 @@ def test_embedding_bag_four_outputs_match_torch(mode, padding_idx, last, weighte
         None if psw is None else psw if M is F else torch.from_numpy(psw), last, padding_idx)[0], [w])
 
 
+def test_embedding_bag_max_indices_of_tied_maxima_are_the_first_positions_as_torchs():
+    """Two rows equal in a column: torch's max_indices is the row at the bag's first position holding the maximum
+    (the highest row id was taken before)."""
+    w = np.array([[1.0, 2.0], [1.0, 5.0], [0.0, 5.0]])
+    idx, offsets = np.array([0, 1, 1, 2]), np.array([0, 2])
+    want = torch.embedding_bag(torch.from_numpy(w), torch.from_numpy(idx), torch.from_numpy(offsets), False, 2)[3]
+    got = run_both(gc.capture(lambda w: gc.embedding_bag(w, idx, offsets, False, 2), w=w), {"w": w})["output_3"]
+    np.testing.assert_array_equal(got, want.numpy())
+    np.testing.assert_array_equal(got, [[0, 1], [1, 1]])
+
+
 def test_embedding_bag_float32_sum_keeps_torchs_empty_offset2bag():
     w, idx, offsets = rng(17).standard_normal((10, 3)).astype(np.float32), np.array([1, 2, 4]), np.array([0, 2])
     want = torch.embedding_bag(torch.from_numpy(w), torch.from_numpy(idx), torch.from_numpy(offsets))

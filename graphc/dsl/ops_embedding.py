@@ -11,6 +11,7 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, concat, const_i64, emit, lift, matmul, maximum, scalar, squeeze, unsqueeze, where
 from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_array import cumsum, ones_like
 from graphc.dsl.ops_math import any as reduce_any
@@ -87,8 +88,11 @@ def embedding_bag_with_bags(weight: Any, indices: Any, offsets: Any, scale_grad_
         return out, cast(offset2bag, idx.dtype), bag_size, bag_size
     rows = unsqueeze(embedding(idx, w), [0])  # [1, T, D]
     hit = unsqueeze(mask, [-1]) & (rows == unsqueeze(out, [1]))  # [B, T, D]: a maximum of its bag
+    at = unsqueeze(unsqueeze(positions, [0]), [-1])  # [1, T, 1]
+    # torch's id is the first position's of tied maxima (its scan replaces on a strict >)
+    first = reduce_min(where(hit, at, const_i64([np.iinfo(np.int64).max])), 1, keepdims=True)
     ids = unsqueeze(unsqueeze(cast(idx, "int64"), [0]), [-1])
-    picked = reduce_max(where(hit, ids, const_i64([0])), 1)
+    picked = reduce_max(where(hit & (at == first), ids, const_i64([0])), 1)
     return out, cast(offset2bag, idx.dtype), bag_size, cast(picked, idx.dtype)
 
 
