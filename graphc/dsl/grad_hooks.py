@@ -30,8 +30,8 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
-__all__ = ["HookHandle", "PostAccumulateHook", "TensorHook", "checked_grad", "hook_label", "no_grad_error", "refuse_in_body",
-           "refuse_no_grad", "refuse_uncallable", "register_hook"]
+__all__ = ["HookHandle", "PostAccumulateHook", "TensorHook", "checked_grad", "hook_label", "no_grad_error",
+           "refuse_in_body", "refuse_no_grad", "refuse_uncallable", "register_hook"]
 
 
 def hook_label(hook: Any) -> str:
@@ -71,8 +71,8 @@ class TensorHook(Function):
 
 
 class PostAccumulateHook(TensorHook):
-    """``TensorHook`` of a parameter's post-accumulate hook (a hook whose ``marker`` is this class): its record's
-    class tells the Trainer a hook that torch runs on the accumulated ``.grad`` (``check_accumulable``)."""
+    """``TensorHook`` of a parameter's post-accumulate hook: its record's class tells the Trainer a hook that torch
+    runs on the accumulated ``.grad`` (``refuse_post_accumulate_hooks``)."""
 
 
 def refuse_uncallable(hook: Any, what: str) -> None:
@@ -149,8 +149,9 @@ def register_hook(tensor: Tensor, hook: Any) -> HookHandle:
     return HookHandle(apply_hook(builder, tensor, hook, f"the hook {hook_label(hook)} registered at {user_source()}"))
 
 
-def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
-    """Put ``hook`` on ``tensor``'s value (see the module's docstring); returns what takes it off again."""
+def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str, marker: type = TensorHook) -> Any:
+    """Put ``hook`` on ``tensor``'s value (see the module's docstring) as a ``marker`` (``TensorHook`` or
+    ``PostAccumulateHook``); returns what takes it off again."""
     points = _POINTS.setdefault(builder, {})
     point = points.get(id(tensor.value)) or _Point(tensor.value)
     scope = next((s for s in builder.scopes if s.id == tensor._scope), builder.scope)
@@ -159,7 +160,7 @@ def apply_hook(builder: Builder, tensor: Tensor, hook: Any, where: str) -> Any:
     state = builder.set_gradients(True)
     try:
         slot = ops.emit("Identity", [Tensor(point.base)], name_hint="hook_slot")
-        out = getattr(hook, "marker", TensorHook).apply(slot, hook, where).value
+        out = marker.apply(slot, hook, where).value
     finally:
         builder.restore_gradients(state)
         builder.scopes.pop()

@@ -63,9 +63,9 @@ def embedding_bag_with_bags(weight: Any, indices: Any, offsets: Any, scale_grad_
                             padding_idx: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``torch.embedding_bag`` (``mode`` 0 sum, 1 mean, 2 max; a 1-D ``indices`` and its ``offsets``):
     ``embedding_bag``'s output and torch CPU's bookkeeping, in ``indices``' dtype: ``offset2bag`` (each position's
-    bag; empty for a sum without ``padding_idx`` of a weight not float64), ``bag_size`` (each bag's non-padding count; zeros for a sum) and
-    ``max_indices`` (a max's ``[B, D]`` row ids of the maxima, 0 for an empty bag; a mean's ``bag_size``, a
-    sum's zeros)."""
+    bag; empty for a sum without ``padding_idx`` of a weight not float64), ``bag_size`` (each bag's non-padding
+    count; zeros for a sum) and ``max_indices`` (a max's ``[B, D]`` row ids of the maxima, the first position's of
+    tied ones, 0 for an empty bag; a mean's ``bag_size``, a sum's zeros)."""
     idx, w = lift(indices), lift(weight)
     if isinstance(mode, bool) or mode not in (0, 1, 2) or idx.shape is None or idx.ndim != 1 or offsets is None:
         raise op_error("embedding_bag", [idx, w], f"torch.embedding_bag takes a 1-D indices, its offsets and an "

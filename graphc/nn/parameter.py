@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
-from graphc.dsl.grad_hooks import (HookHandle, PostAccumulateHook, apply_hook, hook_label, no_grad_error,
-                                   refuse_in_body, refuse_uncallable)
+from graphc.dsl.grad_hooks import (HookHandle, PostAccumulateHook, TensorHook, apply_hook, hook_label,
+                                   no_grad_error, refuse_in_body, refuse_uncallable)
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -106,7 +106,7 @@ class Parameter(Sized):
         self.grad_hooks[key] = (hook, label)
         handle = HookHandle(lambda: self.grad_hooks.pop(key, None))
         if builder is not None and id(self) in builder.param_tensors:  # already read in this capture
-            handle.add(apply_hook(builder, builder.param_tensors[id(self)], hook, label))
+            handle.add(apply_hook(builder, builder.param_tensors[id(self)], hook, label, _marker(hook)))
         return handle
 
     def register_post_accumulate_grad_hook(self, hook: Any) -> HookHandle:
@@ -162,8 +162,6 @@ for _name in ("copy_", "fill_", "zero_", "add_", "sub_", "mul_", "div_", "clamp_
 class _PostAccumulate:
     """A post-accumulate hook as a gradient hook: ``hook`` called with ``_Accumulated``, its ``.grad`` returned."""
 
-    marker = PostAccumulateHook  # what ``apply_hook`` applies
-
     def __init__(self, param: Parameter, hook: Any, where: str) -> None:
         refuse_uncallable(hook, where)
         self.param, self.hook, self.where = param, hook, where
@@ -179,6 +177,11 @@ class _PostAccumulate:
             raise CaptureError(f"{self.where}: the hook set .grad to None; torch then skips the parameter's update, "
                                "which a training graph cannot: freeze it with requires_grad_(False)")
         return seen.grad
+
+
+def _marker(hook: Any) -> type:
+    """The Function ``apply_hook`` marks ``hook`` with: a post-accumulate hook's own."""
+    return PostAccumulateHook if isinstance(hook, _PostAccumulate) else TensorHook
 
 
 class _Accumulated:
@@ -216,8 +219,9 @@ def param_tensor(builder: Builder, owner: Any, attr: str, param: Parameter) -> T
     tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
     tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
     builder.param_tensors[id(param)] = tensor
+    # post-accumulate hooks after the others, as torch runs them
     for hook, label in sorted(param.grad_hooks.values(), key=lambda h: isinstance(h[0], _PostAccumulate)):
-        apply_hook(builder, tensor, hook, label)  # post-accumulate hooks after the others, as torch runs them
+        apply_hook(builder, tensor, hook, label, _marker(hook))
     if param.buffer:
         builder.buffers.append(tensor.value.name)
         if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it

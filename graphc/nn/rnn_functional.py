@@ -32,7 +32,8 @@ def _held(cls: type, fn: str, x: Any, hx: list[Tensor], params: Any, has_biases:
     hidden = hx[-1].shape[-1] if hx[-1].shape else None
     proj = hx[0].shape[-1] if cls is LSTM and hx[0].shape and hx[0].shape[-1] != hidden else 0
     directions = 2 if bidirectional else 1
-    names = ["weight_ih", "weight_hh", *(["bias_ih", "bias_hh"] if has_biases else []), *(["weight_hr"] if proj else [])]
+    names = ["weight_ih", "weight_hh", *(["bias_ih", "bias_hh"] if has_biases else []),
+             *(["weight_hr"] if proj else [])]
     if len(params) != num_layers * directions * len(names):
         raise CaptureError(f"torch.{fn}: {len(params)} weights for {num_layers} layer(s) x {directions} "
                            f"direction(s) of {', '.join(names)}; expected {num_layers * directions * len(names)} "
