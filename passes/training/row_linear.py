@@ -58,13 +58,14 @@ def _scaled(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     if size is None or axis is None or set(product([flat.length]) or {None}) & set(size) - {1}:
         return None
     return [Linear(axis, flat.length, _times(flat.stride, size), _times(flat.room, size),
-                   flat.rows and Rows(axis))]
+                   flat.rows and Rows(axis), frozenset(size.items()))]
 
 
 @rule("Add")
 def _offset(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
-    """A flat index plus the same rows' label (placed on its axis, taken to lie in its room, as torch checks an
-    exported pick's), or a value the shapes bound within its room: a constant, a ``Range(0, n, 1)``."""
+    """A flat index plus the same rows' label (placed on its axis, taken to lie below the size it was last
+    scaled by, as torch checks an exported pick's, which its room must hold), or a value the shapes bound within
+    its room: a constant, a ``Range(0, n, 1)``."""
     at = next((i for i, f in enumerate(facts[:2]) if isinstance(f, Linear)), None)
     if at is None:
         return None
@@ -73,11 +74,21 @@ def _offset(node: ir.Node, facts: Sequence[Fact]) -> list[Fact] | None:
     if axis is None:
         return None
     if isinstance(other, Rows):
-        keeps = room != ONE and other.copies == 1 and _placed(node, 1 - at, other.axis) == axis
+        keeps = _holds(room, Counter(dict(flat.scale))) and other.copies == 1 and \
+            _placed(node, 1 - at, other.axis) == axis
         return [Linear(axis, flat.length, flat.stride, frozenset(ONE.items()), Rows(axis))] if keeps else None
     left = _left(room, _bound(node.inputs[1 - at])) if other is None else None
     return None if left is None else [Linear(axis, flat.length, flat.stride, frozenset(left.items()),
-                                             flat.rows and Rows(axis))]
+                                             flat.rows and Rows(axis), flat.scale)]
+
+
+def _holds(room: Counter, scale: Counter) -> bool:
+    """Whether a label below ``scale`` (more than 0) stays within ``room``: ``scale``'s symbols among ``room``'s
+    and its int factor no larger (an offset added since the scaling may have taken part of it: ``r * C + 1 + y``
+    reaches the next row's block for ``y = C - 1``)."""
+    room, scale = Counter(room), Counter(scale)
+    rn, sn = room.pop(1, 1), scale.pop(1, 1)
+    return (bool(scale) or sn > 1) and not scale - room and rn >= sn
 
 
 def _bound(value: ir.Value) -> Counter | None:

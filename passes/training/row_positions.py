@@ -64,6 +64,7 @@ class Linear:
     stride: frozenset
     room: frozenset
     rows: Rows | None = None
+    scale: frozenset = frozenset({(1, 1)})  # the size it was last scaled by: a label added lies in [0, scale)
 
 
 Fact = Rows | Dims | Own | Linear | None
