@@ -67,12 +67,13 @@ def lu_solve(b: Any, LU_data: Any, LU_pivots: Any) -> Tensor:  # noqa: N803 - to
 
 def svd_lowrank(A: Any, q: int | None = 6, niter: int | None = 2, M: Any = None) -> SVDV:  # noqa: N803
     """``torch.svd_lowrank``: ``(U (..., m, q), S (..., q), V (..., n, q))`` of ``A - M``, its ``q`` largest
-    singular triplets (``q`` at most ``min(m, n)``), computed exactly: torch's randomized range finder (``niter``
-    power iterations, accepted and unused here) approximates these, so signs and an inexact low-rank tail may
-    differ from torch's."""
+    singular triplets (``q``, None meaning 6 as torch's, cut to ``min(m, n)``), computed exactly: torch's
+    randomized range finder (``niter`` power iterations, accepted and unused here) approximates these, so signs and
+    an inexact low-rank tail may differ from torch's."""
     a = lift(A)
     a = a if M is None else a - lift(M, a)
     m, n = matrix_dims("svd_lowrank", a, "A")
+    q = 6 if q is None else q
     if isinstance(q, bool) or not isinstance(q, int) or q < 0:
         raise CaptureError(f"svd_lowrank q={q!r} must be a non-negative int (at {user_source()})")
     q = min(q, m, n)
