@@ -182,9 +182,9 @@ def test_float64_gelu_runs_on_ort_within_a_few_ulps(approximate):
 
 @pytest.mark.parametrize("ratio_dtype", [np.float32, np.float64])
 def test_float64_training_dropout_on_ort_divides_in_double_by_its_own_mask(ratio_dtype):
-    """onnxruntime's double Dropout scales by a float32 1 / (1 - ratio) (1.7e-8 relative off at ratio 0.3 before); its mask
-    still decides, and the kept values are x / (1 - ratio) in double, as the numpy backend's: a constant training
-    mode and one fed at run time (False: x itself, the mask all True)."""
+    """onnxruntime's double Dropout scales by a float32 1 / (1 - ratio) (1.7e-8 relative off at ratio 0.3 before);
+    its mask still decides, and the kept values are x / (1 - ratio) in double, as the numpy backend's: a constant
+    training mode and one fed at run time (False: x itself, the mask all True)."""
     x = RNG.standard_normal((40, 50)) + 5
     ratio = onnx.numpy_helper.from_array(np.asarray(0.3, ratio_dtype), "ratio")
     mask = helper.make_tensor_value_info("mask", onnx.TensorProto.BOOL, (40, 50))
