@@ -162,10 +162,10 @@ class _OrtBackend:
         to onnxruntime's default: ResNet-18 at batch 32, 64 px, 1.030x / 1.041x the step time,
         Trainers interleaved, built second / first). ``mem_pattern``: onnxruntime's memory pattern (one block
         planned for all intermediates, sized on the first run); ``graph_order`` (CPU): run the graph onnxruntime
-        optimizes in the given graph's order (``graph_order``); by default the pattern on and the order off; for a model holding
-        region copies, ``graph_order.session_order``'s choice per device (the reverse on the CPU; on CUDA the
-        pattern off, onnxruntime's order); the Trainer turns
-        the pattern off for train_step (``graphc.runtime.trainer``). ``exact_arena``: the session's arena grows
+        optimizes in the given graph's order (``graph_order``); by default the pattern on and the order off; for a
+        model holding region copies, ``graph_order.session_order``'s choice per device (the reverse on the CPU; on
+        CUDA the pattern off, onnxruntime's order); the Trainer turns the pattern off for train_step
+        (``graphc.runtime.trainer``). ``exact_arena``: the session's arena grows
         by exactly what is asked, not by powers of two: on the CPU the process's shared arena
         (``_exact_cpu_arena``), on CUDA the provider's own
         (``EXACT_CUDA_ARENA``, unless ``providers_options`` sets its strategy).
