@@ -217,6 +217,38 @@ def test_a_save_failing_for_want_of_space_names_the_step_lost_and_the_checkpoint
         np.testing.assert_array_equal(resumed.state_dict()[name], value, err_msg=name)
 
 
+def test_a_save_failing_on_a_disk_that_fails_the_read_back_too_keeps_the_saves_error(tmp_path, monkeypatch):
+    """An I/O error saving, then another reading what the path holds (to say what was kept), raised the read's bare
+    "[Errno 5]" from inside the handler; the save's error names the step and that the path could not be read."""
+    import errno
+
+    from graphc import fileio
+    from graphc.runtime import checkpoint as ckpt
+
+    data = blobs(48)
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy")
+    trainer.fit(gc.data.DataLoader(data, batch_size=16, seed=1), 1, progress=False, checkpoint=tmp_path / "ck")
+
+    failed, real = [], ckpt.read_header
+
+    def failing(*args, **kwargs):
+        failed.append(args)
+        raise OSError(errno.EIO, "Input/output error")
+
+    def read(*args, **kwargs):  # the reads before the save (whose checkpoint is it?) pass
+        return failing(*args) if failed else real(*args, **kwargs)
+
+    monkeypatch.setattr(fileio, "write_synced", failing)
+    monkeypatch.setattr("graphc.compile.training.write_synced", failing, raising=False)
+    monkeypatch.setattr(ckpt, "read_header", read)
+    with pytest.raises(OSError) as caught:
+        trainer.save_checkpoint(tmp_path / "ck")
+    assert caught.value.errno == errno.EIO
+    assert str(caught.value).endswith("cannot save the checkpoint of step 3 to "
+                                      f"{tmp_path / 'ck' / 'checkpoint.safetensors'} (Input/output error); what is "
+                                      "there could not be read back (Input/output error)"), str(caught.value)
+
+
 def test_resuming_with_other_data_of_the_same_length_is_named(tmp_path):
     """README: a resume whose --data differs from its run's is an error; data of the same
     length had passed (the loader's record held its settings and length only)."""

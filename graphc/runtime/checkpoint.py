@@ -276,11 +276,13 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
 def save_failed(exc: OSError, target: Path, step: int) -> OSError:
     """``exc``, raised saving the checkpoint of ``step`` to ``target``, as an ``OSError`` of its
     errno that names the file, the step not saved, and what ``target`` holds now (the save is
-    atomic: the checkpoint there before, untouched, or none)."""
+    atomic: the checkpoint there before, untouched, or none; or that it could not be read)."""
     try:
         kept = f"the checkpoint there, of step {read_meta(target).step}, is as it was and resumes"
     except CheckpointError:
         kept = "no checkpoint was written there"
+    except OSError as unread:  # the disk that failed the save may fail this read too: the save's error stays
+        kept = f"what is there could not be read back ({unread.strerror or unread})"
     where = f" writing {exc.filename}" if exc.filename is not None and Path(exc.filename) != target else ""
     return OSError(exc.errno, f"cannot save the checkpoint of step {step} to {target} ({exc.strerror or exc}{where}); "
                               f"{kept}")
