@@ -199,10 +199,15 @@ def test_a_region_in_an_unrolled_body_is_recomputed_per_step(kind, backend):
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-12, atol=1e-15, err_msg=key)
         np.testing.assert_allclose(torch_like[key], value, rtol=1e-12, atol=1e-15, err_msg=key)
+    matches_torch_checkpoint(got, graded[True].params, xs)
+
+
+def matches_torch_checkpoint(got: dict, params: dict, xs: np.ndarray) -> None:
+    """``got``'s fc1 and fc2 gradients against torch's: ``torch.utils.checkpoint`` of ``_Steps``' tanh cell (of
+    ``params``) over a Python loop of ``xs``' steps, the loss ``(h * h).sum()`` of the last h (1e-10)."""
     fc1, fc2 = torch.nn.Linear(4, 8, dtype=torch.float64), torch.nn.Linear(8, 4, dtype=torch.float64)
-    model = graded[True]
     for name, layer in (("fc1", fc1), ("fc2", fc2)):
-        layer.weight.data, layer.bias.data = (torch.from_numpy(np.array(model.params[f"{name}.{k}"]))
+        layer.weight.data, layer.bias.data = (torch.from_numpy(np.array(params[f"{name}.{k}"]))
                                               for k in ("weight", "bias"))
     h = torch.zeros(3, 4, dtype=torch.float64)
     for x in torch.from_numpy(xs):

@@ -16,6 +16,8 @@ import graphc as gc
 from graphc.model import CHECKPOINT_KEY, RECOMPUTED_KEY
 from graphc.utils.checkpoint import checkpoint
 
+import test_checkpoint_grad
+
 torch = pytest.importorskip("torch")
 
 F64 = {"dtype": "float64"}
@@ -24,19 +26,9 @@ BACKENDS = ("numpy", "ort-cpu")
 T = 40  # past MAX_SCAN_UNROLL: the gc.scan's gradient is in reverse mode too
 
 
-class _Steps(gc.nn.Module):
-    """A tanh cell over the steps of ``xs`` as ``kind``, each step's cell a region or not."""
-
-    def __init__(self, kind: str, regions: bool):
-        super().__init__()
-        self.kind, self.regions = kind, regions
-        self.fc1, self.fc2 = gc.nn.Linear(4, 8, **F64), gc.nn.Linear(8, 4, **F64)
-
-    def cell(self, h, x):
-        return gc.tanh(self.fc2(gc.tanh(self.fc1(h + x))))
-
-    def step(self, h, x):
-        return checkpoint(self.cell, h, x, use_reentrant=False) if self.regions else self.cell(h, x)
+class _Steps(test_checkpoint_grad._Steps):
+    """test_checkpoint_grad's tanh cell over the steps of ``xs`` as ``kind`` (its gc.while_loop too), at a number of
+    steps known only at run time."""
 
     def forward(self, xs):
         h = xs[0] * 0.0
@@ -81,19 +73,7 @@ def test_a_region_in_a_reverse_mode_body_is_recomputed_not_taped(kind, backend):
     got, want = (gc.Session(graded[r], backend=backend).run({"xs": xs}) for r in (True, False))
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-12, atol=1e-15, err_msg=key)
-    fc1, fc2 = torch.nn.Linear(4, 8, dtype=torch.float64), torch.nn.Linear(8, 4, dtype=torch.float64)
-    for name, layer in (("fc1", fc1), ("fc2", fc2)):
-        layer.weight.data, layer.bias.data = (torch.from_numpy(np.array(graded[True].params[f"{name}.{k}"]))
-                                              for k in ("weight", "bias"))
-    h = torch.zeros(3, 4, dtype=torch.float64)
-    for x in torch.from_numpy(xs):
-        h = torch.utils.checkpoint.checkpoint(lambda c, v: torch.tanh(fc2(torch.tanh(fc1(c + v)))), h, x,
-                                              use_reentrant=False)
-    (h * h).sum().backward()
-    for name, layer in (("fc1", fc1), ("fc2", fc2)):
-        for k in ("weight", "bias"):
-            key = f"{name}.{k}_grad"
-            np.testing.assert_allclose(got[key], getattr(layer, k).grad.numpy(), rtol=1e-10, atol=1e-13, err_msg=key)
+    test_checkpoint_grad.matches_torch_checkpoint(got, graded[True].params, xs)
 
 
 class _Mapped(gc.nn.Module):
