@@ -82,6 +82,8 @@ CASES = [
      lambda a: np.trunc(a * 0.5).astype(np.int8)),
     ("int8.fill_(float64[])", lambda M, a: a.to(M.int8).fill_((a.double() * 0.5)[3]), "int8",
      lambda a: np.full(5, 4, np.int8)),
+    ("clamp(bool,bool[])", lambda M, m: M.clamp(m, min=(~m)[1]), "bool", lambda m: m | True),
+    ("clamp(bool,max=bool)", lambda M, m, a: M.clamp(m, max=a > 0), "bool", lambda m, a: m & (a > 0)),
     ("xlogy(int8,300) keeps 300", lambda M, a: M.xlogy((a + 8).to(M.int8), 300), "float32",
      lambda a: (a + 8).astype(np.float32) * np.log(np.float32(300))),
 ]
@@ -114,6 +116,19 @@ BOOL_REFUSALS = {
                                                        r"can't be cast to the written tensor's bool \(as torch's\)"),
     "int8.add_(float32)": (lambda m: m.to(gc.int8).add_(m.float()), r"the result's dtype float32 can't be cast to "
                                                                     r"the written tensor's int8"),
+}
+
+# what torch's kernels refuse (``not implemented for 'Bool'``, a value Tensor of dims), its message's words
+TORCH_REFUSALS = {
+    "addcmul(bool,bool,bool)": (lambda M, m: M.addcmul(m, m, ~m), "not implemented for 'Bool'"),
+    "clamp(bool,False,True)": (lambda M, m: M.clamp(m, False, True), "not implemented for 'Bool'"),
+    "clamp_min(bool,False)": (lambda M, m: M.clamp_min(m, False), "not implemented for 'Bool'"),
+    "clamp(bool,bool,bool)": (lambda M, m: M.clamp(m, m, ~m), "not implemented for 'Bool'"),
+    "bool.clamp_(False,True)": (lambda M, m: m.clone().clamp_(False, True), "not implemented for 'Bool'"),
+    "lerp(bool,bool,0.5)": (lambda M, m: M.lerp(m, ~m, 0.5), "not implemented for 'Bool'"),
+    "lerp(bool,bool,bool)": (lambda M, m: M.lerp(m, ~m, m), "not implemented for 'Bool'"),
+    "float.fill_(float[1])": (lambda M, m: m.float().fill_(m.float()[:1]), "0-dim"),
+    "masked_fill(float,float[1])": (lambda M, m: m.float().masked_fill(m, m.float()[:1]), "0-dim"),
 }
 
 
@@ -175,3 +190,16 @@ def test_a_constant_the_tensor_dtype_keeps_takes_it():
     np.testing.assert_array_equal(out["y"], FEEDS["a"] * 2)
     np.testing.assert_array_equal(out["eq"], FEEDS["a"] == -3)
     np.testing.assert_array_equal(out["f"], FEEDS["a"] // 2)
+
+
+@pytest.mark.parametrize("name", TORCH_REFUSALS)
+def test_what_torchs_kernels_refuse_is_refused(name):
+    """Before, these computed (bool addcmul/lerp as float or logical ops, a 1-element value broadcast)."""
+    fn, torch_says = TORCH_REFUSALS[name]
+    torch = pytest.importorskip("torch")
+    with pytest.raises((RuntimeError, NotImplementedError), match=torch_says):
+        fn(TorchNS(torch), torch.from_numpy(FEEDS["m"]))
+    message = ("is not implemented for bool Tensors \\(not implemented for 'Bool'\\); cast them first" if "Bool" in
+               torch_says else r"takes a 0-D Tensor value \(as torch's\), got one of 1 dims")
+    with pytest.raises(gc.CaptureError, match=message + r".* at .*test_dsl_promotion\.py:"):
+        gc.capture(lambda m: fn(gc, m), m=gc.spec("bool", [5]))

@@ -274,6 +274,7 @@ def reshaped_in_place(fn: Any) -> Any:
 
 
 def _fill(t: Tensor, value: Any) -> Tensor:
+    ops_array.zero_dim_value("fill_", t, value)
     return ops_views.expand_as(_as_value(t, value, cast=True), t)
 
 

@@ -182,6 +182,12 @@ def in_range(dtype: str, value: Any) -> None:
                            f"overflow); cast the Tensor first, e.g. t.astype('int64') (at {user_source()})")
 
 
+def not_for_bool(op: str, operands: Sequence[Tensor], what: str) -> CaptureError:
+    """The error for ``what`` of bool Tensors, which torch's kernel refuses (``not implemented for 'Bool'``)."""
+    return op_error(op, operands, f"torch's {what} is not implemented for bool Tensors (not implemented for "
+                    "'Bool'); cast them first, e.g. t.float()", user_source())
+
+
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
     """Raise CaptureError when static dims of ``a`` and ``b`` cannot broadcast (symbolic dims are
     trusted): ``infer.broadcast``'s check, naming just this pair (Where checks two pairs of its
@@ -369,6 +375,10 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     x, *bounds = promote(x, *(bound for bound in (min, max) if bound is not None))
     lo = None if min is None else bounds[0]
     hi = None if max is None else bounds[-1]
+    if x.dtype == "bool" and (len(bounds) != 1 or not isinstance(min if max is None else max, Tensor)):
+        raise not_for_bool("Clip", [x, *bounds], "clamp with a number bound or two bounds")
+    if x.dtype == "bool":  # one Tensor bound: torch's clamp_min / clamp_max, an Or / an And
+        return binary("Max", x, lo) if hi is None else binary("Min", x, hi)
     if any(t is not None and t.ndim for t in (lo, hi)):
         return _clip_by_tensors(x, lo, hi)
     if x.dtype in FLOAT_DTYPES and (lo is None) != (hi is None):  # ONNX's default bound is the largest

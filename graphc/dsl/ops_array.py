@@ -60,6 +60,13 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 
     return clip(x, min, max)
 
 
+def zero_dim_value(fn: str, x: Tensor, value: Any) -> None:
+    """Refuse a Tensor ``value`` of dims for ``x``, as torch's ``fn`` (``fill_``, ``masked_fill``) takes a 0-D one."""
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise op_error(fn, [x, value], f"{fn} takes a 0-D Tensor value (as torch's), got one of {value.ndim} "
+                       "dims; index one element (v[0]) or use where(mask, v, x)", user_source())
+
+
 def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     """``value`` where the bool ``mask`` (broadcast to ``x``) is true, else ``x``; ``value`` (a 0-D Tensor too)
     in ``x``'s dtype, as torch's: a float truncated into an integer one, an int out of its range refused.
@@ -70,6 +77,7 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     if not isinstance(value, Tensor):
         in_range(x.dtype, value)
         value = lift(value, x)
+    zero_dim_value("masked_fill", x, value)
     return emit("Where", [mask, value if value.dtype == x.dtype else cast(value, x.dtype), x])
 
 

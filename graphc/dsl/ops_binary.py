@@ -18,7 +18,7 @@ from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (binary, cast, constant, detach, emit, in_range, lift, log, maximum, minimum,
-                            operand_pair, promote, scalar, sqrt, unary, where)
+                            not_for_bool, operand_pair, promote, scalar, sqrt, unary, where)
 from graphc.dsl.ops_divide import floor_divide, to_float, true_divide
 from graphc.dsl.ops_elementwise import signbit
 from graphc.dsl.ops_math import all as all_
@@ -86,6 +86,8 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor: 
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
     """``input + value * tensor1 * tensor2``, the three promoted as torch's."""
     x, t1, t2 = promote(input, tensor1, tensor2)
+    if x.dtype == "bool":
+        raise not_for_bool("addcmul", [x, t1, t2], "addcmul")
     return add(x, _scaled(mul(t1, t2), value, "value", "addcmul"))
 
 
@@ -106,6 +108,8 @@ def lerp(input: Any, end: Any, weight: Any) -> Tensor:  # noqa: A002
     """``input + weight * (end - input)``; ``weight`` a number or a Tensor, each of the three
     gets its gradient. The three promote as torch's; float Tensors only, as torch."""
     _unpromoted("lerp", input, end)
+    if any(isinstance(t, Tensor) and t.dtype == "bool" for t in (input, end)):  # a float weight would promote them
+        raise not_for_bool("lerp", [lift(input), lift(end)], "lerp")
     if isinstance(weight, Tensor) and weight.ndim:
         _unpromoted("lerp", input, weight)
     a, b, w = _floats("lerp", input, end, weight)
