@@ -6,7 +6,9 @@ names, another op) are refused rather than given its weights.
 (subgraphs included) and of where its inputs come from (a graph input or initializer by name,
 another node's output by that node's index), and one hash of the graph's inputs and outputs
 (names, dtypes) and initializers (names, dtypes, shapes; not their values). Value names inside
-the graph, node names and metadata are left out. ``difference`` names the first thing two differ in.
+the graph, node names, metadata and the ``seed`` of ONNX's random ops (drawn from the capture's
+seed: the model captured with another seed is the same model) are left out. ``difference`` names
+the first thing two differ in.
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ def _nodes(graph: ir.Graph, where: dict[ir.Value, str], scope: str) -> list[str]
         where[value] = f"={value.name}"
     out = []
     for index, node in enumerate(graph):
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        standard = node.domain in ("", "ai.onnx")  # where ``seed`` is a random op's only
+        op = node.op_type if standard else f"{node.domain}::{node.op_type}"
         described = [op, node.overload, [where.get(v, "?") if v is not None else "" for v in node.inputs],
-                     [_attribute(a, where, f"{scope}{index}.{name}/") for name, a in sorted(node.attributes.items())]]
+                     [_attribute(a, where, f"{scope}{index}.{name}/") for name, a in sorted(node.attributes.items())
+                      if name != "seed" or not standard]]
         out.append(f"{op}:{_hash(described)[:_HASH_CHARS]}")
         for port, value in enumerate(node.outputs):
             where[value] = f"#{scope}{index}.{port}"
