@@ -203,3 +203,10 @@ def test_what_torchs_kernels_refuse_is_refused(name):
                torch_says else r"takes a 0-D Tensor value \(as torch's\), got one of 1 dims")
     with pytest.raises(gc.CaptureError, match=message + r".* at .*test_dsl_promotion\.py:"):
         gc.capture(lambda m: fn(gc, m), m=gc.spec("bool", [5]))
+
+
+def test_a_fill_value_of_unknown_rank_is_trusted():
+    """Only a known rank above 0 is refused: an unknown one runs (a 0-D value fed)."""
+    model = gc.capture(lambda x, v: x.fill_(v), x=gc.spec("float32", [3]), v=gc.spec("float32", None))
+    out = gc.Session(model, backend="numpy").run({"x": np.zeros(3, np.float32), "v": np.float32(2.5)})
+    np.testing.assert_array_equal(out["output"], np.full(3, 2.5, np.float32))

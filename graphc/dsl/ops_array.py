@@ -62,8 +62,8 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 
 
 def zero_dim_value(fn: str, x: Tensor, value: Any) -> None:
     """Refuse a Tensor ``value`` of dims for ``x``, as torch's ``fn`` (``fill_``, ``masked_fill``) takes a 0-D one."""
-    if isinstance(value, Tensor) and value.ndim != 0:
-        raise op_error(fn, [x, value], f"{fn} takes a 0-D Tensor value (as torch's), got one of {value.ndim} "
+    if isinstance(value, Tensor) and value.shape is not None and len(value.shape):  # an unknown rank trusted
+        raise op_error(fn, [x, value], f"{fn} takes a 0-D Tensor value (as torch's), got one of {len(value.shape)} "
                        "dims; index one element (v[0]) or use where(mask, v, x)", user_source())
 
 
