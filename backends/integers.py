@@ -1,16 +1,18 @@
 """Integer nodes onnxruntime has no kernel for, written out in a session's copy of a model.
 
 onnxruntime 1.31's CPU provider has no int64 Relu (it has int8 and int32: "Could not find an implementation
-for Relu(14)"), no int8, uint8 or int16 Trilu or Einsum, and no OneHot of int32 indices with int64 depth and values
-(what ``F.one_hot`` of an int32 Tensor emits), no int64 Resize; the numpy backend runs each, torch all but
-the last two (its ``one_hot`` takes int64 only, its ``interpolate`` no int64). The session's copy writes:
+for Relu(14)"), no int8, uint8 or int16 Trilu or Einsum, no bool Where (``masked_fill`` of a bool Tensor), no
+OneHot of int32 indices with int64 depth and values (what ``F.one_hot`` of an int32 Tensor emits), no int64 Resize;
+the numpy backend runs each, torch all but the last two (its ``one_hot`` takes int64 only, its ``interpolate``
+no int64). The session's copy writes:
 
 - Relu as ``Max(x, 0)``;
 - Trilu and Einsum of int8, uint8 or int16 in int32 between Casts: int32 sums and products wrap modulo 2^32,
   a multiple of 2^16, and the Cast back wraps modulo 2^8 or 2^16, so the result is the narrow dtype's wrapped one exactly,
   as torch's and numpy's;
 - OneHot with its indices cast to int64;
-- an int64 Resize of mode nearest (no kernel either) as the Gathers ``doubles_layers`` writes a double one as.
+- an int64 Resize of mode nearest (no kernel either) as the Gathers ``doubles_layers`` writes a double one as;
+- a bool Where as ``(c and x) or (not c and y)``, which broadcasts as Where does.
 
 Nodes in any graph (Loop and Scan bodies, If branches too). Each written form uses ops the CPU provider has
 integer kernels for, so the CUDA provider runs it too, placing on the CPU what it has no kernel for.
@@ -53,6 +55,11 @@ def _int64_indices(w: Writer, node: onnx.NodeProto, types: dict) -> None:
          **{a.name: helper.get_attribute_value(a) for a in node.attribute})
 
 
+def _logical_where(w: Writer, node: onnx.NodeProto, types: dict) -> None:
+    cond, x, y = node.input
+    w.op("Or", w.op("And", cond, x), w.op("And", w.op("Not", cond), y), output=node.output[0])
+
+
 def _dtype(types: dict, name: str) -> int | None:
     return types.get(name, (None,))[0] if name else None
 
@@ -71,6 +78,7 @@ MISSING: dict[str, tuple[Callable[[onnx.NodeProto, dict], bool], Lowering]] = {
     "Einsum": (lambda node, types: _dtype(types, node.input[0]) in _NARROW, _in_int32),
     "OneHot": (lambda node, types: _dtype(types, node.input[0]) == TensorProto.INT32
                and _dtype(types, node.input[1]) == TensorProto.INT64, _int64_indices),
+    "Where": (lambda node, types: _dtype(types, node.input[1]) == TensorProto.BOOL, _logical_where),
     "Resize": (lambda node, types: _dtype(types, node.input[0]) == TensorProto.INT64 and _gathers(node),
                doubles_layers.LOWERINGS["Resize"]),
 }

@@ -89,3 +89,21 @@ def test_written_out_integer_nodes_pass_the_checker_in_a_branch_too():
         got = gc.Session(model, backend="ort-cpu").run(feeds)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("masked_fill(b, True)", lambda M, a, b: a.masked_fill(b, True)),
+    ("masked_fill(b, b[0])", lambda M, a, b: a.masked_fill(b[None, :], b[2])),
+    ("where(c, b, b) broadcast", lambda M, a, b: M.where(a[:, :1], b, a)),
+])
+def test_a_bool_where_runs_on_ort_cpu(name, fn):
+    """onnxruntime has no bool Where ("Could not find an implementation for Where(16)"): written out as an And/Or,
+    equal to torch's and the numpy backend's."""
+    torch = pytest.importorskip("torch")
+    a, b = RNG.random((3, 4)) < 0.5, RNG.random(4) < 0.5
+    want = fn(torch, torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    model = gc.capture(lambda a, b: fn(gc, a, b), a=a, b=b)
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(model, backend=backend).run({"a": a, "b": b})["output"]
+        assert out.dtype == want.dtype, backend
+        np.testing.assert_array_equal(out, want, err_msg=backend)
