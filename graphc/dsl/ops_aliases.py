@@ -263,16 +263,27 @@ def _requires_grad_(t: Tensor, requires_grad: bool = True) -> Tensor:
                        f"respect to parameters after capture")
 
 
+def _float_power_(t: Tensor, exponent: Any) -> Tensor:
+    """``t.float_power_(e)``: torch computes in float64 and refuses to write the result into any other dtype
+    (where other in-place ops cast back)."""
+    if t.dtype != "float64":
+        raise CaptureError(f"float_power_ on {t.name} ({t.type_str()}) at {user_source()}: its result's dtype "
+                           f"float64 is not the written tensor's {t.dtype}, and torch writes it into float64 only; "
+                           f"write out of place: y = t.float_power(e)")
+    return method_in_place("float_power")(t, exponent)
+
+
 INPLACE_METHODS = {
     **{f"{name}_": method_in_place(name) for name in (
         "absolute arccos arccosh arcsin arcsinh arctan arctanh arctan2 negative multiply subtract divide clip "
-        "float_power gcd lcm bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift "
+        "gcd lcm bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift "
         "addmm addmv addr addbmm baddbmm index_put conj_physical").split()},
     **{f"{name}_": in_place(_cast_back(name)) for name in (
         "eq ne not_equal lt less le less_equal gt greater ge greater_equal "
         "logical_and logical_or logical_xor logical_not").split()},
     "transpose_": reshaped_in_place(ops_reshape.swapaxes), "swapaxes_": reshaped_in_place(ops_reshape.swapaxes),
     "swapdims_": reshaped_in_place(ops_reshape.swapaxes), "detach_": _detach_, "requires_grad_": _requires_grad_,
+    "float_power_": _float_power_,
 }
 
 
