@@ -1,9 +1,13 @@
 """What every `graphc` command does alike, as a new user and a script meet it: `--version` and
 `-h`, a summary line per command that fits `graphc --help`, `--json` on the commands that report
 (backends, inspect, parity), `~` in a path expanded where the shell left it (`--output=~/m.onnx`),
-and `-` refused as an output file (it made a file named `-`)."""
+`-` refused as an output file (it made a file named `-`), and a reader that closes the pipe early
+(`graphc parity m.onnx | head -1`)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -135,3 +139,16 @@ def test_dash_as_an_output_is_refused(ws, capsys, home, args, option):
     err = one_line_error(run_cli(capsys, *(a.format(ws=ws) for a in args)))
     assert f"{option} -: graphc writes a file here, not standard output" in err
     assert not (home.parent / "-").exists()
+
+
+@pytest.mark.parametrize("args", [["inspect", "mlp.onnx"], ["parity", "mlp.onnx"],
+                                  ["train", "arts", "--data", "data.npz", "--epochs", "2", "--batch-size", "16"]])
+def test_a_closed_stdout_exits_141_silently(ws, args):
+    # rich's and typer's own handling exited 1, which says a check failed (parity: a mismatch);
+    # the read end is closed before the command starts, so every print meets the closed pipe
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-c", "import sys; from graphc.cli import main; sys.exit(main())", *args],
+                          stdout=write, stderr=subprocess.PIPE, text=True, cwd=ws, timeout=120, check=False)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 import warnings
 
+import rich
 from rich.markup import escape
 
 from graphc.cli import (  # noqa: F401  (register)
     model_cmds, run_cmds, optimize_cmds, grad_cmds, train_cmds, deploy_cmds, view_cmds)
-from graphc.cli.app import app, err_console, print_warning, state, validation_problem
+from graphc.cli.app import app, ends_on_closed_pipe, err_console, print_warning, state, validation_problem
 from graphc.errors import GraphcError
 from graphc.startup import restore_interrupts
 
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry: one clear error line and exit 2 for bad input, unless --debug; each
     warning one ``warning: ...`` line."""
     restore_interrupts()  # the imports are done: commands get KeyboardInterrupt
+    ends_on_closed_pipe(rich.get_console())  # the one `graphc train`'s epoch lines print through
     args = sys.argv[1:] if argv is None else argv
     state["debug"] = "--debug" in args
     try:

@@ -37,8 +37,21 @@ deploy_app = GraphcTyper(help="Write a model into an inference server's reposito
                          rich_markup_mode=None)
 app.add_typer(deploy_app, name="deploy")
 
-console = Console()
-err_console = Console(stderr=True)
+
+def ends_on_closed_pipe(rich_console: Console) -> Console:
+    """``rich_console``, a closed standard output (``graphc inspect m.onnx | head -1``) in it made
+    a ``BrokenPipeError`` for the command to end on (``interrupted.said_when_interrupted``: exit
+    141), not rich's ``SystemExit(1)``, the code of a failed check."""
+
+    def on_broken_pipe() -> None:
+        raise BrokenPipeError
+
+    rich_console.on_broken_pipe = on_broken_pipe  # rich's hook, set per console: rich's global one too
+    return rich_console
+
+
+console = ends_on_closed_pipe(Console())
+err_console = ends_on_closed_pipe(Console(stderr=True))
 state = {"debug": False}
 
 
