@@ -35,7 +35,13 @@ def triton_cmd(
     """Write MODEL into a Triton model repository.
 
     Writes REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx (version 1, or one above the
-    highest already there)."""
+    highest already there).
+
+    Example:
+
+    \b
+    graphc deploy triton trained.onnx --repo repo --name net
+    """
     from graphc.passes.precision import RangeWarning
     from graphc.serving import deploy
 
@@ -94,7 +100,13 @@ def serve_cmd(
     Answers the KServe v2 / Open Inference Protocol until SIGINT or SIGTERM. Once it listens it
     prints the address, then one line per model: the versions it serves, the backend, and the
     versions on disk its version_policy leaves out. A saved capture whose fake quantizations never saw data (optimized or not, or such a file placed in a
-    repository by hand) is refused at load (exit 2) unless --allow-uncalibrated."""
+    repository by hand) is refused at load (exit 2) unless --allow-uncalibrated.
+
+    Example (the repository graphc deploy triton wrote):
+
+    \b
+    graphc serve repo --port 8000
+    """
     from graphc.backends import get_backend
     from graphc.serving import serve as serving
 

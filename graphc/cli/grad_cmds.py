@@ -222,7 +222,13 @@ def grad_cmd(
     """Generate training artifacts for a model.
 
     Writes the train_step, gradients, eval and inference graphs, the initial state and a
-    manifest into the -o directory."""
+    manifest into the -o directory.
+
+    Example (Adam on the cross-entropy of the output named output, labels fed as y):
+
+    \b
+    graphc grad net.onnx --loss cross_entropy:output:y --optimizer adam -o arts
+    """
     import graphc as gc
     from graphc.dsl.sources import on_behalf_of
 

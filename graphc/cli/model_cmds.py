@@ -166,7 +166,13 @@ def inspect_cmd(
     Gemm and Conv nodes for the dim sizes given with --dim. Training artifacts (graphc grad
     -o DIR): the loss, optimizer, batch inputs, params and graphs; a checkpoint (graphc train
     --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts. --json: the
-    same description as one JSON document."""
+    same description as one JSON document.
+
+    Example:
+
+    \b
+    graphc inspect net.onnx --dim N=32
+    """
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
     from graphc.model.complex_io import complex_names

@@ -47,8 +47,12 @@ def optimize_cmd(
 ) -> None:
     """Optimize MODEL.onnx and write FILE.onnx (-o) atomically.
 
-    Example: graphc optimize net.onnx -o net.opt.onnx -O 3 --report. An invalid or
-    unsupported model exits with status 2 and writes nothing.
+    An invalid or unsupported model exits with status 2 and writes nothing.
+
+    Example:
+
+    \b
+    graphc optimize net.onnx -o net.opt.onnx -O 3 --report
     """
     from graphc.compile.optimize import optimize
 

@@ -87,7 +87,13 @@ def run_cmd(
 ) -> None:
     """Run a model on a backend with inputs from .npy files.
 
-    Prints the outputs, or saves them to an .npz with -o."""
+    Prints the outputs, or saves them to an .npz with -o.
+
+    Example:
+
+    \b
+    graphc run trained.onnx --input x=x.npy -o out.npz
+    """
     from graphc.runtime.session import Session
 
     output = chosen_output(output, out, required=False, file="outputs.npz")
@@ -158,7 +164,13 @@ def parity_cmd(
     """Compare MODEL's outputs across backends; exit 1 on a mismatch.
 
     --json prints the report (gc.parity.compare's ParityReport) as one JSON document, its exit
-    status the same."""
+    status the same.
+
+    Example:
+
+    \b
+    graphc parity net.onnx --backends numpy,ort-cpu
+    """
     from graphc.model import load
     from graphc.runtime import parity
     from graphc.runtime.feeds import random_feeds, required_specs

@@ -215,7 +215,13 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN). --json: as --quiet, with the run's
     lines on stderr, then its summary (backend, steps, each epoch's record as --log writes it,
-    samples/s, paths written) as one JSON document on stdout."""
+    samples/s, paths written) as one JSON document on stdout.
+
+    Example (data.npz holds x and y, one row per sample):
+
+    \b
+    graphc train arts --data data.npz --epochs 5 --batch-size 32 --checkpoint ck
+    """
     import graphc as gc
     from graphc.runtime import resume_rules
     from graphc.runtime.checkpoint import resolve
@@ -421,7 +427,13 @@ def export_cmd(
     checkpoint trained from it lies beside it or in the current directory, and warned about
     otherwise, unless --allow-untrained. A fake quantization whose observer never saw data is
     refused (exit 2) unless --allow-uncalibrated. --averaged writes the SWA/EMA copy of the weights
-    (as Trainer.export_inference(averaged=True)); artifacts that keep none are refused (exit 2)."""
+    (as Trainer.export_inference(averaged=True)); artifacts that keep none are refused (exit 2).
+
+    Example (ck: a checkpoint of graphc train --checkpoint ck):
+
+    \b
+    graphc export ck -o trained.onnx
+    """
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 

@@ -26,7 +26,13 @@ def view_cmd(
 
     Gradient nodes of training graphs are marked with the forward node each comes from. Training
     artifacts (graphc grad -o DIR) or a checkpoint (graphc train --checkpoint DIR) show the train_step
-    graph; pass another of their .onnx files to see it."""
+    graph; pass another of their .onnx files to see it.
+
+    Example:
+
+    \b
+    graphc view net.onnx -o net.svg
+    """
     from graphc.cli import view
     from graphc.cli.inspect_training import checked_kind, train_step_file
     from graphc.model import load
