@@ -11,6 +11,7 @@ it took a value), and the columns wrap cleanly at 80 characters. Each value is n
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,16 +138,19 @@ def check_writable_at(path: Path, option: str, file: Optional[str] = None, folde
     cannot be made); where a file is written (``file``: an example name, ``model.onnx``) a folder,
     where a ``folder`` is, a file; ``-`` (``paths.check_not_stdout``). Found only when writing, that
     failed `graphc train --plot` after the whole run, ``--log`` after its first epoch, and named no
-    option."""
+    option; and one in a folder the user may not write in (a file is replaced there, a folder's
+    files are written into it)."""
     check_not_stdout(path, option)
     if file is not None and path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file; expected a file path such as {path / file}")
     if folder and path.exists() and not path.is_dir():
         raise InputError(f"{option} {path}: a file, not a folder; expected a folder (made where missing)")
-    for parent in path.parents:  # the nearest first
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"{option} {path}: {parent} is a file, not a folder")
+    for place in (path, *path.parents) if folder else path.parents:  # the nearest first
+        if place.exists():
+            if not place.is_dir():
+                raise InputError(f"{option} {path}: {place} is a file, not a folder")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise InputError(f"{option} {path}: no permission to write in the folder {place}")
             return
 
 
