@@ -109,6 +109,13 @@ def test_parity_mismatch_exits_1_and_bisect_names_the_node(files, capsys, monkey
     assert "parity MISMATCH" in out and "node 'add_0' (Add) at net.py:11" in out
 
 
+def test_parity_refuses_a_backend_named_twice(files, capsys):
+    # it compared numpy with itself and passed: exit 0 without a comparison
+    assert graphc("parity", files / "net.onnx", "--backends", "numpy,ort-cpu,numpy") == 2
+    assert ("--backends numpy,ort-cpu,numpy: names numpy twice; name each backend once"
+            in capsys.readouterr().err)
+
+
 def test_parity_bad_dim_exits_2(files, capsys):
     assert graphc("parity", files / "net.onnx", "--dim", "N") == 2
     assert "bad --dim 'N'" in capsys.readouterr().err

@@ -189,6 +189,9 @@ def parity_cmd(
                              f"names: {', '.join(sorted(named)) or 'none (every dim is fixed)'}")
         feeds = random_feeds(specs, sizes, seed)
     names = [b.strip() for b in backends.split(",") if b.strip()]
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:  # compared with itself, it passed
+        raise ValueError(f"--backends {backends}: names {twice} twice; name each backend once")
     report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
     if as_json:
         print_json(report.model_dump())
