@@ -125,6 +125,7 @@ def test_console_script_bad_input_exits_2(tmp_path, args):
     (["capture", "models/two_layer_net.py:TwoLayerNet", "--input", "x:floaty[N,784]"], "dtype"),
     (["capture", "models/two_layer_net.py:TwoLayerNet", "--input", "garbage"], "NAME:DTYPE"),
     (["capture", "no/such/file.py:X", "--input", "x:float32[3]"], "no such file"),
+    (["capture", "models:X", "--input", "x:float32[3]"], "models: a folder, not a Python file"),  # was "no such file"
     (["capture", "models/two_layer_net.py", "--input", "x:float32[3]"], "FILE.py:OBJECT"),
     (["capture", "USER:CONSTANT", "--input", "x:float32[3]"], "expected a Module"),
     # the user's code raising printed a traceback

@@ -99,6 +99,9 @@ def test_sources_that_are_not_artifacts_or_checkpoints(capsys, ws):
     assert "a safetensors file without graphc checkpoint metadata, not a checkpoint" in err
     err = one_line_error(run_cli(capsys, "export", ws / "data.npz", "-o", ws / "m.onnx"))
     assert "data.npz: not a readable graphc checkpoint (not a safetensors file" in err
+    # a path that is not there was "neither an artifact directory (no manifest.json) nor a checkpoint"
+    err = one_line_error(run_cli(capsys, "export", ws / "gone", "-o", ws / "m.onnx"))
+    assert f"FileNotFoundError: {ws / 'gone'}: no such artifact directory or checkpoint" in err
     (ws / "arts" / "manifest.json").write_text("{")
     err = one_line_error(run_cli(capsys, "export", ws / "arts", "-o", ws / "m.onnx"))
     assert "manifest.json: not a valid graphc training manifest: Invalid JSON" in err

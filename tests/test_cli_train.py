@@ -79,7 +79,7 @@ def test_bad_usage_exits_2_with_one_line(workdir):
     r = graphc("train", workdir / "arts2", "--data", workdir / "nolabel.npz", "--epochs", "1", "--batch-size", "2")
     assert r.returncode == 2 and "no array 'y'" in r.stderr
     r = graphc("export", workdir / "missing", "-o", workdir / "m.onnx")
-    assert r.returncode == 2 and "neither an artifact directory" in r.stderr
+    assert r.returncode == 2 and "missing: no such artifact directory or checkpoint" in r.stderr
     r = graphc("train", workdir / "arts2", "--data", workdir / "data.npz", "--epochs", "1", "--batch-size", "2",
                "--backend", "ort-cpu", "--cuda-graph")
     assert r.returncode == 2 and "--cuda-graph sets the CUDA provider's CUDA graphs, which the ort-cpu backend" in r.stderr

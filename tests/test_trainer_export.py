@@ -57,7 +57,7 @@ def test_export_from_artifact_dir_and_checkpoint(trained, tmp_path):
     export_inference(tmp_path / "ck", tmp_path / "from_ck.onnx")
     np.testing.assert_allclose(ort_run(tmp_path / "from_ck.onnx", batch["x"]), trained.predict(batch)["logits"],
                                rtol=1e-4, atol=1e-5)
-    with pytest.raises(FileNotFoundError, match="neither an artifact directory"):
+    with pytest.raises(FileNotFoundError, match="nothing: no such artifact directory or checkpoint"):
         export_inference(tmp_path / "nothing", tmp_path / "x.onnx")
 
 

@@ -27,6 +27,8 @@ def load_object(target: str) -> Any:
     if not sep or not file or not obj_name:
         raise ValueError(f"bad target {target!r}; expected FILE.py:OBJECT, e.g. models/cnn.py:LeNet")
     path = user_path(file)
+    if path.is_dir():
+        raise InputError(f"{file}: a folder, not a Python file; expected FILE.py:OBJECT, e.g. models/cnn.py:LeNet")
     if not path.is_file():
         raise FileNotFoundError(f"{file}: no such file")
     module_name = f"_graphc_user_{path.stem}_{abs(hash(str(path.resolve())))}"

@@ -108,6 +108,8 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
         raise ExportError(f"{source} is an ONNX model, not training artifacts or a checkpoint: graphc export "
                           "writes the inference model of an artifact directory (graphc grad -o DIR) or of a "
                           "checkpoint (graphc train --checkpoint DIR); to optimize a model use graphc optimize")
+    if not path.exists():
+        raise FileNotFoundError(f"{source}: no such artifact directory or checkpoint")  # as graphc train says
     target = checkpoint.resolve(path)
     if not target.exists():
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "
