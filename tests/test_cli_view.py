@@ -66,6 +66,10 @@ def test_bad_suffix_and_missing_model_are_one_line(capsys, tmp_path):
     err = one_line_error(run_cli(capsys, "view", root / "mlp.onnx", "-o", root / "mlp.png"))
     assert "writes .svg or .html" in err and not (root / "mlp.png").exists()
     assert "no such model file" in one_line_error(run_cli(capsys, "view", root / "none.onnx", "-o", root / "x.svg"))
+    # a folder was "not 'a file without a suffix'"
+    err = one_line_error(run_cli(capsys, "view", root / "mlp.onnx", "-o", root / "arts"))
+    assert (f"-o/--output {root / 'arts'}: a folder, not a file; expected a file path such as "
+            f"{root / 'arts' / 'graph.svg'}") in err
 
 
 def test_default_with_netron_installed_opens_it(capsys, tmp_path, monkeypatch):

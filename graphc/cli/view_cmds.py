@@ -42,7 +42,7 @@ def view_cmd(
         given, model = model, train_step_file(model, kind)
         console.print(escape(f"{'training artifacts' if kind == 'artifacts' else 'checkpoint'} {given}: showing "
                              f"its train_step graph {model}"), highlight=False, soft_wrap=True)
-    output = chosen_output(output, out, required=False)
+    output = chosen_output(output, out, required=False, file="graph.svg")
     if output is None:
         try:
             import netron
