@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import zipfile
 from pathlib import Path
 from typing import BinaryIO
@@ -125,6 +126,8 @@ def _kind(path: Path, option: str) -> str:
         raise InputError(f"{option} {path}: a folder, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"{option}: no such file {path}")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{option} {path}: no permission to read the file")
     with open(path, "rb") as f:
         head = f.read(len(NPY_MAGIC))
     return "npy" if head == NPY_MAGIC else "npz" if head.startswith(ZIP_MAGIC) else "other"
