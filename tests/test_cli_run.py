@@ -119,6 +119,9 @@ def test_parity_refuses_a_backend_named_twice(files, capsys):
 def test_parity_bad_dim_exits_2(files, capsys):
     assert graphc("parity", files / "net.onnx", "--dim", "N") == 2
     assert "bad --dim 'N'" in capsys.readouterr().err
+    # the last size was taken silently
+    assert graphc("parity", files / "net.onnx", "--dim", "N=4", "--dim", "N=8") == 2
+    assert "--dim N given twice (N=4 and N=8); give each dim once" in capsys.readouterr().err
     # a name the model lacks, or sizes for given arrays, were ignored
     assert graphc("parity", files / "net.onnx", "--dim", "M=9") == 2
     assert "the model's inputs have no dim named 'M'; their dim names: N" in " ".join(capsys.readouterr().err.split())

@@ -42,7 +42,11 @@ def parse_dims(items: list[str]) -> dict[str, int]:
         name, sep, size = item.partition("=")
         if not sep or not size.strip().isdigit():
             raise ValueError(f"bad --dim {item!r}; expected NAME=SIZE, e.g. N=8")
-        dims[name.strip()] = int(size)
+        name = name.strip()
+        if name in dims:
+            raise ValueError(f"--dim {name} given twice ({name}={dims[name]} and {name}={int(size)}); give each "
+                             "dim once")
+        dims[name] = int(size)
     return dims
 
 
