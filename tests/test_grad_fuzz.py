@@ -12,6 +12,11 @@ a kink (relu, abs, hardswish, a max's tie) or feed BatchNorm a near-constant cha
 float64 stays well-conditioned. The loss adds ``sum`` or ``mean`` of each value no op reads, times a
 fixed random ``c`` or not (then the gradient reaching it is a broadcast scalar, as in
 ``(a*x + a*y).sum()``). About 40 examples per run; ``GRAPHC_GRAD_FUZZ=N`` runs N.
+
+A second test draws from REACH: broadcasting across ranks, reductions over negative dims, slices with
+steps, flip, integer and boolean-mask indexing, gather/scatter/index_add, view chains, split/chunk/
+stack, matmul of 1-D and batched operands, exact max/min ties, softmax over -inf, gc.cond, gc.fori_loop,
+gc.scan and second-order gc.autograd.grad; the model goes through ``gc.optimize`` (level 0-2) first.
 """
 
 from __future__ import annotations
@@ -356,19 +361,290 @@ def pool(b: Builder) -> None:
               lambda M, a: M.avg_pool2d(a, k, count_include_pad=include, **options), i)
 
 
+# --- reach: broadcasting across ranks, reductions, indexing, views, ties, -inf, control flow ----------
+
+
+def _lib(M):
+    """torch, or graphc (``gc.cond``, ``gc.autograd``), for the namespace ``M``."""
+    return torch if M is TORCH else gc
+
+
+def _const(M, value: np.ndarray):
+    return torch.from_numpy(value) if M is TORCH else value
+
+
+def _dims(b: Builder, rank: int) -> tuple[int, ...]:
+    """One to ``rank`` distinct dims, each written positive or negative."""
+    dims = sorted(b.draw(st.sets(st.integers(0, rank - 1), min_size=1)))
+    return tuple(d - rank if b.draw(st.booleans()) else d for d in dims)
+
+
+def rank_broadcast(b: Builder) -> None:
+    """``a op p`` with ``p`` of more dims than ``a`` (new leading dims, some of ``a``'s set to 1)."""
+    i = b.pick(lambda s: len(s) <= 3)
+    if i is None:
+        return
+    shape = (b.draw(st.integers(1, 3)), *(1 if b.draw(st.booleans()) else d for d in b.shape(i)))
+    name = b.draw(st.sampled_from(["add", "sub", "mul", "div"]))
+    p = b.param(shape)
+    i, p = (p, i) if b.draw(st.booleans()) else (i, p)
+    b.add(f"{name} (rank broadcast)", BINARY[name], i, p)
+
+
+REDUCTIONS = {  # name: torch / DSL call; max/min over exact ties pick the first place, as torch
+    "sum": lambda M, a, d, k: M.sum(a, dim=d, keepdim=k),
+    "mean": lambda M, a, d, k: M.mean(a, dim=d, keepdim=k),
+    "amax": lambda M, a, d, k: M.amax(a, dim=d, keepdim=k),
+    "amin": lambda M, a, d, k: M.amin(a, dim=d, keepdim=k),
+    "logsumexp": lambda M, a, d, k: M.logsumexp(a, dim=d, keepdim=k),
+    "var": lambda M, a, d, k: M.var(a, dim=d, keepdim=k),
+    "std": lambda M, a, d, k: M.std(a, dim=d, keepdim=k),
+    "norm": lambda M, a, d, k: M.norm(a, p=2, dim=d, keepdim=k),
+    "prod": lambda M, a, d, k: M.prod(a, dim=d[0], keepdim=k),
+    "max.values": lambda M, a, d, k: M.max(a, dim=d[0], keepdim=k).values,
+    "min.values": lambda M, a, d, k: M.min(a, dim=d[0], keepdim=k).values,
+}
+
+
+def reduce_more(b: Builder) -> None:
+    """A reduction over negative or positive dims, keepdim or not (max/min/prod: the first dim drawn)."""
+    i = b.pick(lambda s: len(s) >= 1)
+    name = b.draw(st.sampled_from(sorted(REDUCTIONS)))
+    fn = REDUCTIONS[name]
+    dims, keep = _dims(b, len(b.shape(i))), b.draw(st.booleans())
+    if name in ("var", "std") and math.prod(b.shape(i)[d] for d in dims) < 2:
+        return
+    b.add(f"{name} dim={dims} keepdim={keep}", lambda M, a: fn(M, a, dims, keep), i)
+
+
+def tie(b: Builder) -> None:
+    """Exact ties reached by two paths: ``maximum``/``minimum`` of a value and the same value through a
+    flip pair, ``amax`` over a value concatenated with itself, or clamp at bounds drawn from the value."""
+    i = b.pick(lambda s: len(s) >= 1)
+    how = b.draw(st.sampled_from(["maximum", "minimum", "amax_cat", "clamp"]))
+    if how == "amax_cat":
+        dim = b.draw(st.integers(-len(b.shape(i)), len(b.shape(i)) - 1))
+        b.add(f"amax(cat([a, a], {dim}), {dim})", lambda M, a: M.amax(M.cat([a, a], dim=dim), dim=dim), i)
+    elif how == "clamp":
+        lo, hi = sorted(float(q) for q in np.quantile(b.prog.values[i].detach().numpy(), [0.25, 0.75]))
+        b.add(f"clamp {lo:.3g} {hi:.3g}", lambda M, a: M.clamp(a, lo, hi), i, kinks=(lo, hi))
+    else:
+        b.add(f"{how}(a, flip(flip(a)))", lambda M, a: getattr(M, how)(a, M.flip(M.flip(a, (0,)), (0,))), i)
+
+
+def index(b: Builder) -> None:
+    """Basic slices with negative bounds and steps, flip, integer and boolean-mask indexing,
+    index_select, gather, scatter, index_add, scatter_add (repeated indices included)."""
+    i = b.pick(lambda s: len(s) >= 1 and s[0] >= 2)
+    if i is None:
+        return
+    s, seed = b.shape(i), b.draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    axis = b.draw(st.integers(0, len(s) - 1))
+    how = b.draw(st.sampled_from(["slice", "flip", "int", "mask", "index_select", "gather", "scatter",
+                                  "index_add", "scatter_add"]))
+    if how == "slice":
+        n = s[axis]
+        part = slice(b.draw(st.integers(-n, n - 1)), b.draw(st.sampled_from([None, -1, n])), b.draw(st.integers(1, 3)))
+        b.add(f"a[{_axis_slice(axis, part)}]", lambda M, a: a[_axis_slice(axis, part)], i)
+    elif how == "flip":
+        dims = _dims(b, len(s))
+        b.add(f"flip {dims}", lambda M, a: M.flip(a, dims), i)
+    elif how == "int":
+        idx = rng.integers(-s[0], s[0], size=rng.integers(1, 5))
+        b.add(f"a[{idx.tolist()}]", lambda M, a: a[_const(M, idx)], i)
+    elif how == "mask":
+        mask = rng.random(s) < 0.6
+        b.add("a[mask]", lambda M, a: a[_const(M, mask)], i)
+    elif how == "index_select":
+        idx = rng.integers(0, s[axis], size=rng.integers(1, 5))
+        b.add(f"index_select {axis} {idx.tolist()}", lambda M, a: M.index_select(a, axis, _const(M, idx)), i)
+    elif how == "gather":
+        idx = rng.integers(0, s[axis], size=s)
+        b.add(f"gather {axis}", lambda M, a: M.gather(a, axis, _const(M, idx)), i)
+    elif how == "index_add":
+        src = b.param((rng.integers(1, 5), *s[1:]))
+        idx = rng.integers(0, s[0], size=b.shape(src)[0])
+        b.add(f"index_add 0 {idx.tolist()}", lambda M, a, u: a.index_add(0, _const(M, idx), u), i, src)
+    else:  # scatter keeps one write per place (torch's order over duplicates is unspecified), scatter_add sums
+        if how == "scatter":
+            idx = np.moveaxis(np.argsort(rng.random(s), axis=axis), axis, -1)[..., : max(1, s[axis] // 2)]
+            idx = np.ascontiguousarray(np.moveaxis(idx, -1, axis))
+            b.add(f"scatter {axis}", lambda M, a, u: M.scatter(a, axis, _const(M, idx), u), i, b.param(idx.shape))
+        else:
+            idx = rng.integers(0, s[axis], size=s)
+            b.add(f"scatter_add {axis}", lambda M, a, u: a.scatter_add(axis, _const(M, idx), u), i, b.param(s))
+
+
+def view(b: Builder) -> None:
+    """A chain of two to four views: unsqueeze (negative dims too), permute, expand of a size-1 dim,
+    squeeze, flatten, movedim."""
+    i = b.pick(lambda s: len(s) >= 1)
+    steps, s = [], list(b.shape(i))
+    for _ in range(b.draw(st.integers(2, 4))):
+        how = b.draw(st.sampled_from(["unsqueeze", "permute", "expand", "squeeze", "flatten", "movedim"]))
+        if how == "unsqueeze" and len(s) < 5:
+            d = b.draw(st.integers(-len(s) - 1, len(s)))
+            steps.append((f"unsqueeze({d})", lambda M, a, d=d: a.unsqueeze(d)))
+            s.insert(d % (len(s) + 1), 1)
+        elif how == "permute" and len(s) >= 2:
+            order = b.draw(st.permutations(range(len(s))))
+            steps.append((f"permute{tuple(order)}", lambda M, a, o=tuple(order): a.permute(*o)))
+            s = [s[o] for o in order]
+        elif how == "expand" and 1 in s:
+            new = [b.draw(st.integers(1, 3)) if d == 1 else d for d in s]
+            steps.append((f"expand{tuple(new)}", lambda M, a, n=tuple(new): a.expand(*n)))
+            s = new
+        elif how == "squeeze" and 1 in s:
+            d = s.index(1) - (len(s) if b.draw(st.booleans()) else 0)
+            steps.append((f"squeeze({d})", lambda M, a, d=d: a.squeeze(d)))
+            del s[d]
+        elif how == "flatten" and len(s) >= 2:
+            steps.append(("flatten(-2)", lambda M, a: a.flatten(-2)))
+            s = s[:-2] + [s[-2] * s[-1]]
+        elif how == "movedim" and len(s) >= 2:
+            src, dst = b.draw(st.integers(0, len(s) - 1)), b.draw(st.integers(-len(s), -1))
+            steps.append((f"movedim({src}, {dst})", lambda M, a, p=src, q=dst: M.movedim(a, p, q)))
+            s.insert(dst % len(s), s.pop(src))
+
+    def chain(M, a):
+        for _, step in steps:
+            a = step(M, a)
+        return a
+
+    if steps:
+        b.add(".".join(name for name, _ in steps), chain, i)
+
+
+def pieces(b: Builder) -> None:
+    """split into sizes or chunk (uneven pieces too), the pieces recombined by stack or a weighted sum."""
+    i = b.pick(lambda s: any(d >= 2 for d in s))
+    if i is None:
+        return
+    s = b.shape(i)
+    axis = b.draw(st.sampled_from([d for d, n in enumerate(s) if n >= 2])) - (len(s) if b.draw(st.booleans()) else 0)
+    n = s[axis]
+    if b.draw(st.booleans()):
+        cut = b.draw(st.integers(1, n - 1))
+        parts, label = (lambda M, a: M.split(a, [cut, n - cut], dim=axis)), f"split [{cut}, {n - cut}] dim={axis}"
+    else:
+        k = b.draw(st.integers(2, n))
+        parts, label = (lambda M, a: M.chunk(a, k, dim=axis)), f"chunk {k} dim={axis}"
+    pick = b.draw(st.integers(0, 1))
+    if b.draw(st.booleans()):
+        b.add(f"{label}[{pick}]", lambda M, a: parts(M, a)[pick], i)
+    else:  # every piece, stacked with itself scaled: the same piece read twice
+        b.add(f"stack({label}[-1], 2 * it)", lambda M, a: M.stack([parts(M, a)[-1], 2 * parts(M, a)[-1]], dim=-1), i)
+
+
+def matvec(b: Builder) -> None:
+    """matmul with a 1-D operand on either side, or batched operands of different ranks."""
+    i = b.pick(lambda s: len(s) >= 1)
+    s = b.shape(i)
+    how = b.draw(st.sampled_from(["a @ v", "v @ a", "batched"]))
+    if how == "a @ v":
+        b.add("a @ v", lambda M, a, v: M.matmul(a, v), i, b.param((s[-1],), s[-1]))
+    elif how == "v @ a" and len(s) >= 2:
+        b.add("v @ a", lambda M, a, v: M.matmul(v, a), i, b.param((s[-2],), s[-2]))
+    elif how == "batched":
+        batch = (b.draw(st.integers(1, 2)), *(1,) * max(0, len(s) - 2))  # a new leading dim, the rest broadcast
+        w = b.param((*batch, s[-1], b.draw(st.integers(1, 3))), s[-1])
+        b.add("a @ w (batched)", lambda M, a, w: M.matmul(a, w), i, w)
+
+
+def masked_softmax(b: Builder) -> None:
+    """softmax / log_softmax / logsumexp of a value with some places set to -inf (never a whole row);
+    log_softmax's -inf places then set back to 0 by where."""
+    i = b.pick(lambda s: len(s) >= 1 and s[-1] >= 2)
+    if i is None:
+        return
+    s, rng = b.shape(i), np.random.default_rng(b.draw(st.integers(0, 2**16)))
+    mask = rng.random(s) < 0.4
+    mask[..., 0] = False
+    how = b.draw(st.sampled_from(["softmax", "log_softmax", "logsumexp"]))
+
+    def fn(M, a):
+        m = _const(M, mask)
+        z = getattr(M, how)(M.masked_fill(a, m, -math.inf), dim=-1)
+        return M.where(m, 0.0, z) if how == "log_softmax" else z
+
+    b.add(f"{how} masked", fn, i)
+
+
+def branch(b: Builder) -> None:
+    """gc.cond on the sign of a sum, both branches reading a param; torch takes the branch in Python."""
+    i = b.pick()
+    p = _param_for(b, b.shape(i))
+
+    def fn(M, a, p):
+        pred = a.sum() > 0
+        yes, no = (lambda a, p: M.tanh(a) * p), (lambda a, p: a - p * p)
+        return (yes if bool(pred) else no)(a, p) if M is TORCH else gc.cond(pred, yes, no, a, p)
+
+    b.add("cond(sum(a) > 0, tanh(a) * p, a - p * p)", fn, i, p)
+
+
+def loop(b: Builder) -> None:
+    """gc.fori_loop or gc.scan whose body reads a param each step (torch: a Python loop)."""
+    i = b.pick(lambda s: len(s) >= 1)
+    s = b.shape(i)
+    if b.draw(st.booleans()):
+        p, n = _param_for(b, s), b.draw(st.integers(1, 3))
+
+        def body(M, a, p):
+            step = lambda _, c: M.tanh(c * p + a)  # noqa: E731
+            if M is not TORCH:
+                return gc.fori_loop(0, n, step, a)
+            c = a
+            for k in range(n):
+                c = step(k, c)
+            return c
+
+        b.add(f"fori_loop {n}: c = tanh(c * p + a)", body, i, p)
+        return
+    p = b.param(s[1:])
+
+    def scan(M, a, p):
+        step = lambda c, x: (M.tanh(c * p + x), c * x)  # noqa: E731
+        if M is not TORCH:
+            return gc.scan(step, p, a)[1]
+        c, ys = p, []
+        for x in a:
+            c, y = step(c, x)
+            ys.append(y)
+        return torch.stack(ys)
+
+    b.add("scan: c = tanh(c * p + x), y = c * x", scan, i, p)
+
+
+def second_order(b: Builder) -> None:
+    """The gradient of ``sum(sigmoid(a) * a) + sum(a)^2`` in ``a`` with create_graph, then trained through."""
+    i = b.pick(lambda s: len(s) >= 1)
+    if not b.prog.values[i].requires_grad:
+        return
+
+    def fn(M, a):
+        f = (M.sigmoid(a) * a).sum() + a.sum() ** 2
+        return _lib(M).autograd.grad(f, a, create_graph=True)[0]
+
+    b.add("autograd.grad(sum(sigmoid(a) * a) + sum(a)^2, a, create_graph)", fn, i)
+
+
 OPS = [unary, unary, binary, binary, shared_param, where, reduce, reduce, matmul, matmul, conv, conv, batch_norm, softmax,
        concat, slicing, transpose, reshape, pool]
+REACH = [unary, binary, rank_broadcast, reduce_more, reduce_more, tie, index, index, view, view, pieces, matvec,
+         masked_softmax, branch, loop, second_order, concat, matmul]
 
 
 @st.composite
-def programs(draw) -> Builder:
+def programs(draw, ops: list = OPS) -> Builder:
     # small shapes, and batches of 4 on 8x8 maps, where other conv and pool lowerings take over
     shape = draw(st.sampled_from([(3, 4), (4, 6), (2, 3, 4), (2, 3, 4, 4), (3, 2, 3, 5), (2, 4, 2, 3), (4, 2, 8, 8),
                                   (4, 4, 6, 6), (1, 2, 9, 9)]))
     x = np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(shape)
     b = Builder(draw, x)
     for _ in range(draw(st.integers(3, 10))):
-        draw(st.sampled_from(OPS))(b)
+        draw(st.sampled_from(ops))(b)
     if not b.prog.params:  # every program has a param to differentiate
         b.add("mul", BINARY["mul"], 0, b.param(_broadcast_shape(b, x.shape)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
@@ -412,6 +688,19 @@ def _describe(prog: Program) -> str:
 @settings(max_examples=EXAMPLES or 40, **FUZZ)
 @given(builder=programs(), trainer_backend=st.sampled_from(["numpy", "ort-cpu"]))
 def test_grad_and_training_step_of_random_programs_match_torch_autograd(builder, trainer_backend):
+    check_against_torch(builder, trainer_backend)
+
+
+@settings(max_examples=EXAMPLES or 25, **FUZZ)
+@given(builder=programs(REACH), trainer_backend=st.sampled_from(["numpy", "ort-cpu"]), level=st.sampled_from([0, 1, 2]))
+def test_grads_of_indexing_views_ties_control_flow_and_second_order_match_torch(builder, trainer_backend, level):
+    """The REACH ops, the captured model optimized at ``level`` before gc.grad and training."""
+    check_against_torch(builder, trainer_backend, level)
+
+
+def check_against_torch(builder: Builder, trainer_backend: str, level: int = 0) -> None:
+    """The loss and every gradient, by gc.grad on numpy and ort-cpu and by one SGD(lr=1) step on
+    ``trainer_backend``, against torch.autograd; the model optimized at ``level`` first."""
     prog = builder.prog
     loss = prog.run(TORCH, builder.torch_params, torch.from_numpy(prog.x))
     # None: no gradient reaches the param (read only through a comparison), so it is not trained (as torch's
@@ -420,6 +709,7 @@ def test_grad_and_training_step_of_random_programs_match_torch_autograd(builder,
              else [None] * len(prog.params))
     want = [None if g is None else g.numpy() for g in found]
     model = gc.capture(_Net(prog), x=gc.spec("float64", prog.x.shape))
+    model = gc.optimize(model, level=level) if level else model
     grads = gc.grad(model, "loss")
     for backend in ("numpy", "ort-cpu"):
         out = gc.Session(grads, backend=backend).run({"x": prog.x})
