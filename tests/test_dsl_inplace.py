@@ -210,6 +210,35 @@ def test_parameter_write_refused():
         gc.capture(_param_write(), x=np.ones(3, np.float32))
 
 
+
+def test_writes_into_a_clone_of_a_parameter_match_torch():
+    """A clone of a parameter is a new tensor: writing it (directly or through a view) leaves the parameter
+    alone, in the gradient too, as in torch (graph-fuzz find: it was refused as a write into the parameter)."""
+    c = np.random.default_rng(4).standard_normal((3, 4))
+    a0, q0 = np.random.default_rng(5).standard_normal((3, 4)), np.random.default_rng(6).standard_normal(4)
+
+    def forward(a, q, c):
+        x, y = a.clone(), a.clone()
+        x[1:][:, 2] = q[:2]
+        y.T[1] += q[:3]
+        return ((x * a + y) * c).sum()
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.q = gc.nn.Parameter(a0, dtype="float64"), gc.nn.Parameter(q0, dtype="float64")
+
+        def forward(self, c):
+            return {"loss": forward(self.a, self.q, c)}
+
+    grads = gc.Session(gc.grad(gc.capture(Net(), c=c), "loss"), backend="numpy").run({"c": c})
+    a, q = torch.tensor(a0, requires_grad=True), torch.tensor(q0, requires_grad=True)
+    loss = forward(a, q, torch.tensor(c))
+    loss.backward()
+    np.testing.assert_allclose(grads["loss"], loss.item(), rtol=1e-12)
+    np.testing.assert_allclose(grads["a_grad"], a.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads["q_grad"], q.grad.numpy(), rtol=1e-12)
+
 # (method, args): each applied in place to x, whose alias y must see the write
 METHODS = [
     ("add_", (1.5,)), ("sub_", ("y",)), ("mul_", ("y",)), ("div_", (3.0,)), ("clamp_", (-0.5, 0.5)),

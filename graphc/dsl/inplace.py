@@ -135,7 +135,8 @@ def _check_writable(t: Tensor) -> None:
                            f"write it in training mode only (`if self.training:`, as torch's BatchNorm and "
                            f"spectral_norm do) and capture in training mode (gc.capture(..., training=True)) for "
                            f"the training graphs to carry it")
-    if buffer is None and any(t._ir is v for v in current().initializers):
+    # the parameter's own Tensor, not a clone, which holds the same value until written
+    if buffer is None and any(t is p for p in current().param_tensors.values()):
         raise CaptureError(f"in-place write into the parameter or buffer {t.name} at {user_source()}: a captured "
                            f"graph reads it, never stores it, so the write would not persist; compute a new "
                            f"tensor (w = {t.name.rsplit('.', 1)[-1]} * ...) or .clone() it first")
