@@ -277,3 +277,17 @@ def test_example_values_that_overflow_capture_without_warnings():
     got = gc.Session(model, backend="numpy").run({"x": x})["output"]
     np.testing.assert_array_equal(got[:2], [np.inf, np.inf])  # overflow, division by zero
     np.testing.assert_allclose(got[2], -np.exp(-1.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda M, x: M.cat([x[:, 4:].reshape(0, 3), x[:2, 1:]], 0),  # a 0 in the shape is a size, not ONNX's copy
+    lambda M, x: M.cat([x[:0, :, None, None].flatten(-2), x[:, :, None]], 0),  # flattening an empty tensor: no -1
+    lambda M, x: M.cat([x[:0].flatten(1), x[1:].flatten(1)], 0),
+], ids=["reshape_to_0", "flatten_empty_last", "flatten_empty_first"])
+def test_empty_tensors_reshape_and_flatten_as_torch(fn):
+    """Found by the grad fuzz: Reshape of a [3, 0] to (0, 3) copied x's 3, and flatten of a [0, 4, 1, 1] asked
+    Reshape for (0, 4, -1); the values and gradients against torch, on numpy and ort-cpu."""
+    from torch_grad_util import assert_input_grad_matches_torch
+
+    pytest.importorskip("torch")
+    assert_input_grad_matches_torch(fn, np.random.default_rng(0).standard_normal((3, 4)), {}, np.random.default_rng(1))

@@ -98,6 +98,14 @@ def test_softmax_family_on_empty_axes(op, opset):
         assert_same(got, want, f"{op} vs onnxruntime")
 
 
+def test_flatten_of_empty_tensors():
+    """The numpy Flatten asked numpy for (rows, -1), which an empty tensor cannot resolve (grad fuzz find;
+    onnx.reference fails the same way, so onnxruntime is the oracle)."""
+    for shape, axis in [((0, 4, 1, 1), 2), ((3, 0, 2), 1), ((3, 0, 2), 2), ((0, 2), 0), ((2, 0), -1)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        got, want = numpy_vs_ort("Flatten", [x], {"axis": axis}, 21)
+        assert_same(got, want, f"Flatten {shape} axis={axis} vs onnxruntime")
+
 def test_conv_transpose_same_with_a_kernel_narrower_than_the_stride():
     """Output input * strides (the spec); the pads are negative and split rounding down, as
     onnx.reference has it. onnxruntime and onnx's shape inference clamp the total pad to 0 instead

@@ -53,8 +53,8 @@ def transpose(x, *, perm=None):
 @kernel("Flatten", since=1)
 def flatten(x, *, axis=1):
     axis = axis + x.ndim if axis < 0 else axis  # the spec allows axis in [-r, r]; r gives [N, 1]
-    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return (x.reshape(rows, -1),)
+    rows, cols = (int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64)))
+    return (x.reshape(rows, cols),)  # no -1: ambiguous where x is empty
 
 
 @kernel("Squeeze", since=1)

@@ -505,15 +505,17 @@ def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
 def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
     """Reshape; dims are ints, -1, dim names (kept symbolic; read from ``x`` where it has them, else as the
     name's size) or 0-d integer Tensors read at run time (``B * T``). A shape with any dim read at run time is
-    ``int64_vector`` of the dims in order (a dim of ``x`` a Slice of one Shape of it)."""
+    ``int64_vector`` of the dims in order (a dim of ``x`` a Slice of one Shape of it). A 0 asks for a size-0
+    dim (``allowzero``), as in torch, not ONNX's copy of ``x``'s dim."""
     x = lift(x)
     in_shape = x.shape
+    allowzero = any(isinstance(d, (int, np.integer)) and d == 0 for d in shape)
     dims, out_shape, shp, sized = [], [], None, False  # dims: an int each, or a [1] int64 Tensor
     for i, d in enumerate(shape):
         if isinstance(d, (int, np.integer)):
             dims.append(int(d))
             out_shape.append(int(d) if d != -1 else None)
-        elif isinstance(d, str) and in_shape is not None and i < len(in_shape) and in_shape[i] == d:
+        elif isinstance(d, str) and in_shape is not None and i < len(in_shape) and in_shape[i] == d and not allowzero:
             dims.append(0)  # copy the dim from the input (allowzero=0)
             out_shape.append(d)
         elif isinstance(d, str) and in_shape is not None and d in in_shape:
@@ -529,7 +531,8 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
         raise op_error("Reshape", [x], f"shape {tuple(shape)} has more than one -1", user_source())
     if not sized:  # a run-time size's count is not known here
         _check_reshape(x, out_shape, shape)
-    return emit("Reshape", [x, int64_vector(dims)], out_types=[(x.dtype, out_shape)])
+    return emit("Reshape", [x, int64_vector(dims)], {"allowzero": 1} if allowzero else None,
+                out_types=[(x.dtype, out_shape)])
 
 
 def int64_vector(values: Iterable[Any]) -> Tensor:
@@ -582,6 +585,9 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if rank == 0:  # torch: a scalar flattens to one element
         return reshape(x, [1])
     start, end = start_dim % rank, end_dim % rank
+    merged = x.shape[start:end + 1]
+    if 0 in x.shape and all(isinstance(d, int) for d in merged):  # x empty: a -1 would be ambiguous
+        return reshape(x, list(x.shape[:start]) + [math.prod(merged)] + list(x.shape[end + 1:]))
     if end == rank - 1:
         if start == 0:
             return reshape(x, [-1])
