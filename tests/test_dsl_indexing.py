@@ -83,3 +83,24 @@ def test_a_mask_that_does_not_fit_its_axes_is_a_capture_error():
         gc.capture(lambda x, m: x[m], x=X, m=np.ones((4, 4), bool))
     with pytest.raises(gc.CaptureError, match=r"index list or array must hold ints or bools, got float64"):
         gc.capture(lambda x: x[[0.5, 1.0]], x=X)
+
+
+@pytest.mark.parametrize("mask", ["m01", "mall"])
+def test_a_numpy_mask_gives_a_static_length_that_chunk_can_split(mask):
+    """A constant (numpy) mask's positions are known at capture, so ``x[mask]`` has a static length and
+    ``chunk`` splits it (grad fuzz find: a NonZero's length was unknown, and chunk refused it); the value
+    and ``gc.grad``'s gradient against torch."""
+    torch = pytest.importorskip("torch")
+    m = IDX[mask]
+
+    def fn(M, x):
+        return M.cat(list(M.chunk(x[m if M is not torch else torch.from_numpy(m)], 2, dim=0))[::-1], dim=0)
+
+    model = gc.capture(lambda x: fn(gc, x), x=gc.spec("float32", X.shape))
+    assert model.outputs[0].shape[0] == X[m].shape[0]
+    xt = torch.tensor(X, requires_grad=True)
+    expected = fn(torch, xt)
+    np.testing.assert_array_equal(run_both(model, {"x": X})["output"], expected.detach().numpy())
+    c = rng(5).standard_normal(tuple(expected.shape)).astype(np.float32)
+    (expected * torch.from_numpy(c)).sum().backward()
+    np.testing.assert_allclose(gc_grads(fn, {"x": X}, {}, c)["x"], xt.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -5,7 +5,7 @@ torch first applies the ints (select), slices and ``None`` (a new axis), then in
 with the index Tensors: one is a Gather on its axis; several are broadcast together and pick
 pointwise (GatherND), their result dims in their place if they index adjacent axes, else first.
 A bool mask over k axes is the k index Tensors of its ``NonZero`` (the result's length is known
-only at run time).
+only at run time), or of a constant mask's positions (a numpy array: the length is static).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.passes.infer import InferenceError, broadcast
@@ -193,6 +193,9 @@ def _mask_indices(x: Tensor, mask: Tensor, axis: int) -> list[Tensor]:
         if isinstance(dm, int) and isinstance(dx, int) and dm != dx:
             raise op_error("NonZero", [x, mask], f"the mask's dim {k} ({dm}) does not match axis {axis + k} of the "
                            f"indexed tensor ({dx})", user_source())
+    known = current().consts.get(id(mask.value))
+    if known is not None:  # a constant mask (a numpy array): its positions, so the result's length is static
+        return [ops.constant(rows.astype(np.int64)) for rows in np.nonzero(known)]
     rows = ops.emit("NonZero", [mask])
     return [ops.emit("Gather", [rows, ops.constant(np.asarray(k, np.int64))], {"axis": 0}) for k in range(mask.ndim)]
 
