@@ -724,7 +724,7 @@ def test_grad_and_training_step_of_random_programs_match_torch_autograd(builder,
     check_against_torch(builder, trainer_backend)
 
 
-@settings(max_examples=EXAMPLES or 25, **FUZZ)
+@settings(max_examples=EXAMPLES or 30, **FUZZ)
 @given(builder=programs(REACH), trainer_backend=st.sampled_from(["numpy", "ort-cpu"]), level=st.sampled_from([0, 1, 2]))
 def test_grads_of_indexing_views_ties_control_flow_and_second_order_match_torch(builder, trainer_backend, level):
     """The REACH ops, the captured model optimized at ``level`` before gc.grad and training."""
