@@ -27,7 +27,8 @@ model that holds its pattern (in any graph or local function), every other model
   (``transA=1``), which returns wrong numbers, with no error, when the MatMul's second input is 1-D
   (``A.t() @ v`` for A [3, 4]; a [2, 3, 4] batch with perm [0, 2, 1] too; a 2-D second input, or a
   vector times a transposed matrix, come out right): turned off where the second input's rank is 1
-  or cannot be told. In a float16 model it also crashes the process as the session is built
+  or cannot be told, in any model holding a Transpose, since onnxruntime first moves a Transpose
+  through elementwise ops onto the MatMul (``(t * t) @ v`` for ``t = a.T``, from the grad fuzz). In a float16 model it also crashes the process as the session is built
   (SIGSEGV, no Python error) at level "all": the float16 MatMul has no CPU kernel, so Casts to
   float32 go in around it; FuseFp16InitializerToFp32NodeTransformer (level 4, run only at "all")
   then folds a float16 initializer's Cast, which reruns levels 2 and 3, and there this rewrite
@@ -182,20 +183,22 @@ def _expand_to_empty(nodes, types) -> bool:
 
 
 def _transposed_product_refused(graphs, nodes, producers, types) -> bool:
-    """A MatMul whose first input is a Transpose's output (past Identity/Dropout) and whose second
-    may be 1-D, or, in a model holding a float16 constant, whose first may be float16."""
+    """In a model holding a Transpose, a MatMul whose second input may be 1-D (onnxruntime's
+    TransposeOptimizer moves a Transpose through elementwise ops onto a MatMul's first input before
+    this rewrite runs: ``(y * y) @ v`` for ``y = Transpose(a)`` came out wrong); or, in a model holding
+    a float16 constant, a MatMul whose first input is a Transpose's output (past Identity/Dropout)
+    that may be float16."""
+    if not any(_ops(n, "Transpose") for n in nodes):
+        return False
     known = {t.name: list(t.dims) for g in graphs for t in g.initializer}
-    products = [(n, t) for n in nodes
-                if _ops(n, "MatMul") and _ops(t := _through_removed(n.input[0], producers), "Transpose")]
-    half = any(t.data_type == TensorProto.FLOAT16 for t in constant_tensors(graphs).values()) if products else False
-    for node, transpose in products:
-        name = node.input[1]
-        dims = known[name] if name in known else types().get(name, (None, None))[1]
-        if dims is None or len(dims) == 1:
-            return True
-        if half and types().get(transpose.output[0], (TensorProto.FLOAT16,))[0] == TensorProto.FLOAT16:
-            return True
-    return False
+    products = [n for n in nodes if _ops(n, "MatMul")]
+    if any((dims := known.get(n.input[1]) or types().get(n.input[1], (None, None))[1]) is None or len(dims) == 1
+           for n in products):
+        return True
+    if not any(t.data_type == TensorProto.FLOAT16 for t in constant_tensors(graphs).values()):
+        return False
+    return any(_ops(t := _through_removed(n.input[0], producers), "Transpose")
+               and types().get(t.output[0], (TensorProto.FLOAT16,))[0] == TensorProto.FLOAT16 for n in products)
 
 
 def _through_removed(name: str, producers) -> onnx.NodeProto | None:

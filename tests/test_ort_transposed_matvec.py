@@ -54,6 +54,22 @@ def test_the_dsl_product_of_a_transpose_and_a_vector_matches_numpy_on_ort_cpu():
         np.testing.assert_allclose(out, 2 * (a.T @ v), rtol=1e-5, atol=1e-5)
 
 
+def test_a_transpose_moved_through_a_product_onto_a_matvec_matches_torch_on_ort_cpu():
+    """onnxruntime moves the Transpose of ``t = a.T`` through ``t * t`` onto the MatMul, then fuses it:
+    wrong numbers for a vector (grad fuzz find: an in-place write through a transposed view of a clone)."""
+    torch = pytest.importorskip("torch")
+
+    def fn(x, p):
+        y = x.clone()
+        y.transpose(0, -1)[0] += x.transpose(0, -1)[-1]
+        return (y * y) @ p
+
+    x, p = R.standard_normal((4, 6)), R.standard_normal(6)
+    model = gc.capture(fn, x=x, p=p)
+    want = fn(torch.from_numpy(x), torch.from_numpy(p)).numpy()
+    np.testing.assert_allclose(gc.Session(model, backend="ort-cpu").run({"x": x, "p": p})["output"], want, rtol=1e-12)
+    assert "MatmulTransposeFusion" in fusions.fusion_refused(model.proto)
+
 @pytest.mark.parametrize("b_shape,b_initializer,refused", [([3], False, True), ([3], True, True),
                                                            ([3, 2], False, False),
                                                            ([3, 2], True, False), (None, False, True)])
