@@ -14,7 +14,8 @@ import onnx
 import onnx_ir as ir
 
 __all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "DROPPED_MARKS_KEY",
-           "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY",
+           "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "INFERENCE_ONLY_KEY",
+           "MAX_NORM_KEY",
            "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "NO_DERIVATIVE_KEY", "PROBABILITIES_KEY",
            "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "autograd_bound_names", "autograd_function_label", "const_array",
            "const_axes", "const_scalar", "draws_random", "drop_autograd_functions", "exact_attribute",
@@ -67,6 +68,10 @@ AUTOGRAD_DOMAIN = "graphc.autograd"
 # marks; autodiff refuses such a model (``autograd_functions.refuse_dropped``): it would send gradients
 # through the forwards' nodes and where the marks stopped them
 DROPPED_MARKS_KEY = "graphc.dropped_gradient_marks"
+# model metadata of every model ``gc.optimize`` rewrote at level 3: a JSON record whose ``folded_parameters``
+# names the floating-point initializers (parameters, BatchNorm statistics) it folded, merged or dropped;
+# autodiff refuses such a model (``autograd_functions.refuse_dropped``): their gradients would be wrong or missing
+INFERENCE_ONLY_KEY = "graphc.inference_only"
 
 
 def autograd_function_label(record: Mapping) -> str:

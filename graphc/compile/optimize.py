@@ -21,7 +21,9 @@ def optimize(model, level: int = 2, report: bool = False):
             CSE, initializer dedup, ...); 2 (default) adds algebraic simplification,
             MatMul+Add -> Gemm and Gelu/LayerNormalization fusions, and is safe for training
             graphs; 3 adds inference-only rewrites (Conv+BatchNormalization folding, Dropout
-            removal, constant weight transposes pre-applied).
+            removal, constant weight transposes pre-applied) and marks the model inference-only
+            (its metadata names the parameters it folded): ``gc.grad`` and
+            ``gc.training.generate`` refuse it.
         report: also return an ``OptimizeReport`` (per pass: node counts before/after, time).
 
     Returns:

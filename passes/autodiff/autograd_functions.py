@@ -34,28 +34,35 @@ import onnx_ir as ir
 from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import GradBuilder
 from graphc.passes.autodiff.loops import clone_body
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, DROPPED_MARKS_KEY, autograd_function_label
+from graphc.passes.values import (AUTOGRAD_DOMAIN, AUTOGRAD_KEY, DROPPED_MARKS_KEY, INFERENCE_ONLY_KEY,
+                                  autograd_function_label)
 
 __all__ = ["Region", "refuse_dropped", "regions"]
 
 
 def refuse_dropped(model: ir.Model) -> None:
-    """``AutodiffError`` naming the stop-gradient marks ``gc.optimize`` at level 3 dropped from ``model``
-    (each Function whose backward went, how many others): differentiating it would send gradients through
-    the Functions' forwards and past the marks."""
-    text = model.metadata_props.get(DROPPED_MARKS_KEY)
-    if text is None:
+    """``AutodiffError`` for a model ``gc.optimize`` rewrote at level 3 (``INFERENCE_ONLY_KEY``,
+    ``DROPPED_MARKS_KEY``), naming the stop-gradient marks it dropped (each Function whose backward went,
+    how many others) and the parameters it folded: differentiating it would send gradients through the
+    Functions' forwards and past the marks, and give folded parameters wrong gradients or none."""
+    record, text = model.metadata_props.get(INFERENCE_ONLY_KEY), model.metadata_props.get(DROPPED_MARKS_KEY)
+    if record is None and text is None:
         return
-    dropped = json.loads(text)
+    dropped = json.loads(text or '{"functions": [], "stop_gradients": 0}')
     parts = [f"the backward of gc.autograd.Function {where} (its gradient would be the forward's own ops')"
              for where in dropped["functions"]]
     if count := dropped["stop_gradients"]:
         parts.append(f"{count} stop-gradient mark{'s' * (count != 1)} (gc.detach, gc.no_grad reads, frozen "
                      "parameters' reads, a gc.autograd.Function's arguments, gc.autograd.grad's and "
                      "gc.autograd.functional's results without create_graph=True: gradients would flow through them)")
-    raise AutodiffError(f"this model cannot be differentiated: gc.optimize at level 3 (inference only) dropped "
-                        f"{' and '.join(parts)}; differentiate or train the captured model, or one from "
-                        "gc.optimize(model, level=2)")
+    done = [f"dropped {' and '.join(parts)}"] if parts else []
+    if folded := json.loads(record or "{}").get("folded_parameters"):
+        names = ", ".join(map(repr, folded[:5])) + (f" and {len(folded) - 5} more" if len(folded) > 5 else "")
+        done.append(f"folded, merged or dropped parameter{'s' * (len(folded) != 1)} {names} (their gradients "
+                    "would be wrong or missing)")
+    raise AutodiffError(f"model {model.graph.name or 'model'!r} cannot be differentiated: gc.optimize at level 3 "
+                        f"(inference only) {' and '.join(done) or 'rewrote it for inference'}; differentiate or "
+                        "train the captured model, or one from gc.optimize(model, level=2)")
 
 
 @dataclass
