@@ -1,5 +1,5 @@
 """Why float16-autocast CNN draws of ``test_training_option_combos`` miss torch by up to 2.7e-3:
-torch 2.13's CPU float16 conv2d weight gradient adds each sample's float32 sum into a float16
+torch 2.13's CPU float16 conv2d weight gradient (on some CPUs) adds each sample's float32 sum into a float16
 buffer (rounded once per sample), ~40% of its entries 1+ ulp from the correctly rounded sum that
 graphc computes (numpy and ort-cpu). A 1-ulp step-0 difference moves a BatchNorm output across
 ReLU's 0 a step later; the fixed draw below (SGD, BatchNorm training, inf-norm clipping) then
@@ -32,11 +32,11 @@ class _WeightGradRoundedOnce(torch.autograd.Function):
         return None, torch.nn.grad.conv2d_weight(x.double(), w.shape, dy.double(), padding=1).half()
 
 
-def _weight_grads(n: int):
+def _weight_grads(n: int, rng: np.random.Generator = RNG):
     """torch's float16 conv weight gradient, the per-sample float16 accumulation and the correctly
     rounded sum, for a random batch of ``n``."""
-    x = torch.from_numpy(RNG.normal(size=(n, 2, 4, 4))).half()
-    dy = torch.from_numpy(RNG.normal(size=(n, 3, 4, 4)) * 8).half()
+    x = torch.from_numpy(rng.normal(size=(n, 2, 4, 4))).half()
+    dy = torch.from_numpy(rng.normal(size=(n, 3, 4, 4)) * 8).half()
     w = torch.zeros(3, 2, 3, 3, dtype=torch.float16, requires_grad=True)
     F.conv2d(x, w, padding=1).backward(dy)
     per_sample = [torch.nn.grad.conv2d_weight(x[i:i + 1].double(), w.shape, dy[i:i + 1].double(), padding=1)
@@ -47,6 +47,17 @@ def _weight_grads(n: int):
     return w.grad, acc, sum(per_sample).half()
 
 
+def _torch_rounds_per_sample() -> bool:
+    """Whether this machine's torch kernel accumulates per sample: it depends on the CPU (on another
+    VM torch's float16 weight gradient came out correctly rounded, equal to graphc's)."""
+    got, _, once = _weight_grads(6, np.random.default_rng(1))
+    return bool((got != once).any())
+
+
+PER_SAMPLE = _torch_rounds_per_sample()
+
+
+@pytest.mark.skipif(not PER_SAMPLE, reason="this CPU's torch float16 conv weight gradient is rounded once")
 def test_torch_float16_conv_weight_grad_rounds_per_sample():
     wrong = 0
     for n in (3, 4, 5, 6):
@@ -75,7 +86,10 @@ def test_fixed_draw_matches_torch_with_its_weight_grad_rounded_once(tmp_path, ba
     for oracle in (as_is, rounded_once):
         oracle.losses = [oracle.step(b) for b in batches]
     miss = max(np.abs(ours[k] - v).max() / np.abs(v).max() for k, v in as_is.state().items())
-    assert miss > 1e-2, miss  # the draw still shows the miss (torch as it is)
+    if PER_SAMPLE:
+        assert miss > 1e-2, miss  # the draw still shows the miss (torch as it is)
+    else:  # torch's kernel rounds once on this CPU: torch as it is is the oracle rounded once
+        assert miss < 1e-5, miss
     np.testing.assert_allclose(losses, rounded_once.losses, rtol=1e-6)
     for name, want in rounded_once.state().items():  # float32's summation order alone
         np.testing.assert_allclose(ours[name], want, rtol=2e-6, atol=1e-7, err_msg=name)

@@ -157,18 +157,21 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
     begin, target = _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape)
     mg = w.shape[1]
     require_shape(b, (group * mg,), "bias B", f"one value per output channel, M = group {group} * W's dim 1 {mg}")
-    xg = x.reshape(n, group, c // group, -1).transpose(1, 0, 3, 2)  # (g, N, I, C/g)
-    wg = w.reshape(group, 1, c // group, mg * math.prod(kshape))
+    # float16 is summed in float32 and rounded once, as torch's and onnxruntime's kernels do (summed in
+    # float16, the overlapping windows' adds put a stride-2 3x3 transpose 78 float16 spacings off)
+    wide = np.float32 if x.dtype == np.float16 else x.dtype
+    xg = x.reshape(n, group, c // group, -1).transpose(1, 0, 3, 2).astype(wide, copy=False)  # (g, N, I, C/g)
+    wg = w.reshape(group, 1, c // group, mg * math.prod(kshape)).astype(wide, copy=False)
     cols = np.matmul(xg, wg).reshape(group, n, *spatial, mg, *kshape)
     cols = np.moveaxis(cols, 2 + d, 2)  # (g, N, M/g, *I, *k)
-    out = np.zeros((n, group, mg, *full), dtype=x.dtype)
+    out = np.zeros((n, group, mg, *full), dtype=wide)
     for kpos in itertools.product(*(range(k) for k in kshape)):
         dst = (slice(None),) + _window_slices(kpos, strides, dilations, spatial)
         out[dst] += cols[(Ellipsis, *kpos)].transpose(1, 0, 2, *range(3, 3 + d))
     out = _crop_or_extend(out.reshape(n, group * mg, *full), begin, target)
     if b is not None:
-        out = out + b.reshape(-1, *([1] * d))
-    return (np.ascontiguousarray(out),)
+        out = out + b.reshape(-1, *([1] * d)).astype(wide, copy=False)
+    return (np.ascontiguousarray(out.astype(x.dtype, copy=False)),)
 
 
 def _crop_or_extend(out, begin, target):
