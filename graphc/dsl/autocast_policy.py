@@ -88,7 +88,7 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
                                  "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d")},
     "_upsample_bilinear2d_aa": (_G, _F), "_upsample_bicubic2d_aa": (_G, _F),
     # norms
-    "layer_norm": (_M, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M), "rms_norm": (None, _F),
+    "layer_norm": (_M, _F), "native_layer_norm": (None, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M), "rms_norm": (None, _F),
 }
 
 # F.interpolate's mode -> torch's upsample op; a nearest one is named by its dims

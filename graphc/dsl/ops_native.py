@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_layers import group_norm
 from graphc.dsl.ops_nn import batch_norm, layer_norm
@@ -28,6 +29,7 @@ def _moments(x: Tensor, axes: list[int], eps: float) -> tuple[Tensor, Tensor]:
     return mean, ops.scalar(1.0, x) / ops.sqrt(ops.mean(centred * centred, axes, keepdims=True) + ops.scalar(eps, x))
 
 
+@autocast_op()
 def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,  # noqa: A002
                       eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """``torch.native_layer_norm``: ``(out, mean, rstd)``, the statistics over the ``normalized_shape`` dims
