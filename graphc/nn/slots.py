@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import active
+from graphc.dsl.builder import active, user_source
 from graphc.dsl.inplace import write
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
 from graphc.nn.parameter import Parameter
 
 EXPECTED = {"parameter": "gc.nn.Parameter", "buffer": "a gc Tensor, numpy array, torch tensor",
@@ -132,7 +133,12 @@ def set_buffer(owner: Any, name: str, held: Parameter | Slot, value: Any) -> Non
     if not is_tensor(value):
         raise wrong_kind(owner, name, "buffer", value)
     if active() is not None and isinstance(held, Parameter):
-        write(getattr(owner, name), value if isinstance(value, Tensor) else np.asarray(value))
+        target = getattr(owner, name)
+        if isinstance(value, Tensor) and value.dtype != target.dtype:  # torch would rebind; a capture's state keeps it
+            raise CaptureError(f"buffer {name}: the result's dtype {value.dtype} is not the written tensor's "
+                               f"{target.dtype} (at {user_source()}); a buffer keeps its dtype in a capture: "
+                               f"cast the value, .to({target.dtype!r})")
+        write(target, value if isinstance(value, Tensor) else np.asarray(value))
         return
     keep64 = held.dtype == "float64" and not isinstance(value, Tensor) and np.asarray(value).dtype == np.float64
     buffer = Parameter(value, dtype="float64" if keep64 else None, buffer=True)
