@@ -117,7 +117,11 @@ def test_training_lookups_inside_a_body_matches_torchs_loop(kind, opt, backend):
     np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
     got = trainer.state_dict()
     for name in ("emb.weight", "fc.bias"):
-        np.testing.assert_allclose(got[name], twin.state_dict()[name].numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+        want_state = twin.state_dict()[name].numpy()
+        # SGD on the scan grows fc.bias to 1e28 in 6 steps: there one rounding of another summation order (a
+        # BLAS of another CPU) is amplified to 1e-7 relative (seen on one VM, at f9bb03cc too)
+        rtol = 1e-12 if np.abs(want_state).max() < 1e8 else 1e-6
+        np.testing.assert_allclose(got[name], want_state, rtol=rtol, atol=1e-15, err_msg=name)
 
 
 def test_a_graph_without_the_write_back_after_the_body_is_refused():
