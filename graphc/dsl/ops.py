@@ -172,10 +172,10 @@ def _fits(dtype: str, other: Any, wraps: bool) -> None:
 def in_range(dtype: str, value: Any) -> None:
     """Refuse ints ``value`` out of an integer ``dtype``'s range, as torch checks a Scalar argument (``where``,
     ``clamp``, ``pow``'s exponent, ``masked_fill``), where its elementwise ops wrap it."""
-    value = np.asarray(value)
-    if kind(dtype) != 1 or value.dtype.kind not in "iu" or not value.size or to_numpy(dtype).kind not in "iu":
-        return  # complex64/complex128 fall in kind 1 too; the factory refuses them by name
-    info = np.iinfo(to_numpy(dtype))
+    value, target = np.asarray(value), to_numpy(dtype)
+    if target.kind not in "iu" or value.dtype.kind not in "iu" or not value.size:
+        return  # not torch's integer category: bool, floats, and the complex dtypes the factory refuses by name
+    info = np.iinfo(target)
     if value.min() < info.min or value.max() > info.max:
         raise CaptureError(f"the constant {value if value.size <= 4 else 'array'} does not fit in {dtype}, the "
                            f"Tensor operands' dtype (torch: value cannot be converted to type {dtype} without "
