@@ -263,6 +263,9 @@ def _requires_grad_(t: Tensor, requires_grad: bool = True) -> Tensor:
                        f"respect to parameters after capture")
 
 
+_FLOAT_POWER_IN_PLACE = method_in_place("float_power")
+
+
 def _float_power_(t: Tensor, exponent: Any) -> Tensor:
     """``t.float_power_(e)``: torch computes in float64 and refuses to write the result into any other dtype
     (where other in-place ops cast back)."""
@@ -270,7 +273,7 @@ def _float_power_(t: Tensor, exponent: Any) -> Tensor:
         raise CaptureError(f"float_power_ on {t.name} ({t.type_str()}) at {user_source()}: its result's dtype "
                            f"float64 is not the written tensor's {t.dtype}, and torch writes it into float64 only; "
                            f"write out of place: y = t.float_power(e)")
-    return method_in_place("float_power")(t, exponent)
+    return _FLOAT_POWER_IN_PLACE(t, exponent)
 
 
 INPLACE_METHODS = {
