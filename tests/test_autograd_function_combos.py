@@ -187,17 +187,75 @@ def test_a_region_inside_a_body_does_not_warn(body):
         gc.grad(gc.capture(f, x=gc.spec("float64", (2, 3))), "output", wrt=["x"])
 
 
-def test_a_region_inside_a_functions_backward_warns_with_its_line():
-    class Twice(gc.autograd.Function):
+_SPREAD = np.linspace(0.5, 1.5, 8)
+
+
+def _squares(base, lib, ck):
+    """x * x, whose backward's region widens each value 8 times (values the backward's own gradient reads)."""
+    class Square(base):
         @staticmethod
         def forward(ctx, x):
-            return x * 2.0
+            ctx.save_for_backward(x)
+            return x * x
 
         @staticmethod
         def backward(ctx, g):
-            return checkpoint(lambda t: t * 2.0, g, use_reentrant=False)
+            (x,) = ctx.saved_tensors
+            f = lambda t, u: lib.tanh(lib.tanh((t * u).unsqueeze(-1) * lib.tensor(_SPREAD)) * 3.0).sum(-1) * u  # noqa: E731
+            return f(g, x) if ck is None else ck(f, g, x, use_reentrant=False)
 
-    with pytest.warns(UserWarning, match=r"checkpoint at .*test_autograd_function_combos.py:\d+ is inside the backward "
-                                         r"of gc.autograd.Function Twice \(applied at .*\): its region is kept, not "
-                                         r"recomputed .*checkpoint the Function's forward instead"):
-        gc.capture(lambda x: Twice.apply(x).sum(), x=gc.spec("float64", (2, 3)))
+    return Square
+
+
+class _Penalty(gc.nn.Module):
+    """A gradient penalty (create_graph=True): the loss's gradient differentiates the Functions' backwards."""
+
+    def __init__(self, regions):
+        super().__init__()
+        self.square = _squares(gc.autograd.Function, gc, checkpoint if regions else None)
+        self.fcs = gc.nn.ModuleList([gc.nn.Linear(64, 64, dtype="float64") for _ in range(4)])
+
+    def forward(self, x):
+        h = x
+        for fc in self.fcs:
+            h = self.square.apply(fc(h))
+        (g,) = gc.autograd.grad(h.sum(), [x], create_graph=True)
+        return (g * g).sum()
+
+
+def test_a_region_inside_a_functions_backward_is_recomputed_where_that_backward_is_differentiated():
+    """As torch's: the gradient penalty's gradient recomputes the region's values from its inputs (graph-order
+    peak of live tensors 1.66 -> 0.92 MB) and equals the region-free model's and torch.utils.checkpoint's.
+    Captured, it warned that the region was kept."""
+    from graphc.backends.value_sized import ShapePrepass
+
+    x = RNG.normal(size=(32, 64))
+    got, peak = {}, {}
+    for regions in (False, True):
+        gc.manual_seed(0)
+        net = _Penalty(regions)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = gc.grad(gc.capture(net, x=gc.spec("float64", (32, 64))), "output")
+        copies = sum(n.name.startswith("recompute/") for n in model.proto.graph.node)
+        assert (copies > 0) == regions
+        got[regions] = gc.Session(model, backend="numpy").run({"x": x})
+        peak[regions] = ShapePrepass(model.proto)._infer({"x": x}).peak[0]
+    assert peak[True] < 0.6 * peak[False], peak
+    for name, want in got[False].items():
+        np.testing.assert_allclose(got[True][name], want, rtol=1e-12, atol=1e-14, err_msg=name)
+    fcs = [torch.nn.Linear(64, 64, dtype=torch.float64) for _ in range(4)]
+    for i, fc in enumerate(fcs):
+        fc.load_state_dict({k: torch.from_numpy(np.array(net.state_dict()[f"fcs.{i}.{k}"])) for k in ("weight", "bias")})
+    square = _squares(torch.autograd.Function, torch, torch.utils.checkpoint.checkpoint)
+    h = inputs = torch.tensor(x, requires_grad=True)
+    for fc in fcs:
+        h = square.apply(fc(h))
+    (g,) = torch.autograd.grad(h.sum(), [inputs], create_graph=True)
+    loss = (g * g).sum()
+    loss.backward()
+    np.testing.assert_allclose(got[True]["output"], loss.item(), rtol=1e-10)
+    for i, fc in enumerate(fcs):
+        for k in ("weight", "bias"):
+            np.testing.assert_allclose(got[True][f"fcs.{i}.{k}_grad"], getattr(fc, k).grad.numpy(), rtol=1e-10,
+                                       atol=1e-12, err_msg=f"fcs.{i}.{k}")

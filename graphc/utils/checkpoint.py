@@ -6,13 +6,14 @@ starting from the region's inputs (``passes/training/recompute.py``), and the fo
 A region inside another is part of it; one inside a control-flow body is recomputed by each
 unrolled step of the body's gradient, or, where the steps are not unrolled (reverse mode), by each
 step of the backward loop from the step's taped inputs; under ``gc.vmap`` the batched ops join the
-region. One inside a ``gc.autograd.Function``'s backward is kept and warns.
+region. One inside a ``gc.autograd.Function``'s backward is recomputed where that backward is
+differentiated again (``create_graph=True``: a gradient penalty), as torch's; a first-order gradient
+makes the backward's values once, in the backward, and keeps none to recompute.
 Outside a capture the function just runs.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,12 +50,6 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     b = builder.active()
     if b is None:
         return function(*args, **kwargs)
-    backward_of = next((scope.backward_of for scope in b.scopes if scope.backward_of), None)
-    if backward_of is not None:
-        warnings.warn(f"checkpoint at {builder.user_source()} is inside the backward of {backward_of}: its region "
-                      "is kept, not recomputed (the backward's values are made where its gradient reads them); "
-                      "checkpoint the Function's forward instead",
-                      UserWarning, stacklevel=2)
     nodes = b.scope.nodes
     start = len(nodes)
     out = function(*args, **kwargs)
