@@ -21,8 +21,14 @@ session costs the Trainer's build 0.4 s (ResNet-18) to 4.7 s (GPT: 3.0 -> 7.7 s)
 onnxruntime writes the graph it optimized only from one (kernels made, weights prepacked; prepacking off
 saved nothing measurable); a region MLP's (16 x Linear(256) + Tanh) Trainer build, median of 4, 1.29 s
 without regions, 1.69 s with (the first session 0.45-0.68 s, sorting and saving 0.1-0.15, the sorted one
-0.15-0.26). A single session at level "basic" (fewer fusions to renumber) was not tried: it gives up
-onnxruntime's other fusions, which no convolutional model here has been measured without.
+0.15-0.26). One session instead, measured on 2 shared cores, 1 thread, builds and steps interleaved: at level
+"basic" (no fusion makes a node, so onnxruntime's numbering is the graph's) that MLP's gc.grad session builds
+in 0.74x the time (medians of 8) and steps in 1.03x (medians of 10), but at batch 4096 holds 14 MB more once
+built and peaks higher, 218 MB against 213 (465 without regions); a region conv stack's (8 x Conv(32, 3x3) +
+BatchNorm + ReLU, batch 16, 32 px) steps take 1.30x (8 rounds 1.15-1.49x), its build 0.55x (medians of 3). At
+"all" without GemmActivationFusion (the fusion whose nodes ran the copies first) the MLP peaks at 218 MB as at
+"basic"; at "all" in onnxruntime's numbering at 343. So two sessions: no single one kept both the memory and
+the speed.
 """
 
 from __future__ import annotations
