@@ -21,14 +21,17 @@ session costs the Trainer's build 0.4 s (ResNet-18) to 4.7 s (GPT: 3.0 -> 7.7 s)
 onnxruntime writes the graph it optimized only from one (kernels made, weights prepacked; prepacking off
 saved nothing measurable); a region MLP's (16 x Linear(256) + Tanh) Trainer build, median of 4, 1.29 s
 without regions, 1.69 s with (the first session 0.45-0.68 s, sorting and saving 0.1-0.15, the sorted one
-0.15-0.26). One session instead, measured on 2 shared cores, 1 thread, builds and steps interleaved: at level
-"basic" (no fusion makes a node, so onnxruntime's numbering is the graph's) that MLP's gc.grad session builds
-in 0.74x the time (medians of 8) and steps in 1.03x (medians of 10), but at batch 4096 holds 14 MB more once
-built and peaks higher, 218 MB against 213 (465 without regions); a region conv stack's (8 x Conv(32, 3x3) +
-BatchNorm + ReLU, batch 16, 32 px) steps take 1.30x (8 rounds 1.15-1.49x), its build 0.55x (medians of 3). At
-"all" without GemmActivationFusion (the fusion whose nodes ran the copies first) the MLP peaks at 218 MB as at
-"basic"; at "all" in onnxruntime's numbering at 343. So two sessions: no single one kept both the memory and
-the speed.
+0.15-0.26). One session instead, measured on 2 shared cores, 1 thread, builds and steps interleaved, peak RSS
+of a fresh process against the two sessions' (205-213 MB at batch 4096; 465 without regions): at level "basic"
+(no fusion makes a node, so onnxruntime's numbering is the graph's) that MLP's gc.grad session builds in 0.74x
+the time (medians of 8), steps in 1.03x (medians of 10), peaks 5 MB higher, holding 14 MB more once built (179
+MB against 165); a region conv stack's (8 x Conv(32, 3x3) + BatchNorm + ReLU, batch 16, 32 px) steps take 1.30x
+(8 rounds 1.15-1.49x), its build 0.55x (medians of 3). At "all" without GemmActivationFusion (the fusion whose
+nodes ran the copies first) +5 MB as at "basic"; at "all" in onnxruntime's numbering +130 MB; at "all" with
+each copy's first node made to wait for the backward value before it (its input reshaped to its own shape plus
+a zero summed from an empty slice of that value; a prototype) the copies ran in the backward (a step's rise 45
+MB against 40) but, as every single session, it held 15 MB more once built, also loaded from a file: +20 MB. So
+two sessions.
 """
 
 from __future__ import annotations
