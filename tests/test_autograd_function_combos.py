@@ -223,7 +223,8 @@ class _Penalty(gc.nn.Module):
         return (g * g).sum()
 
 
-def test_a_region_inside_a_functions_backward_is_recomputed_where_that_backward_is_differentiated():
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_region_inside_a_functions_backward_is_recomputed_where_that_backward_is_differentiated(backend):
     """As torch's: the gradient penalty's gradient recomputes the region's values from its inputs (graph-order
     peak of live tensors 1.66 -> 0.92 MB) and equals the region-free model's and torch.utils.checkpoint's.
     Captured, it warned that the region was kept."""
@@ -239,7 +240,7 @@ def test_a_region_inside_a_functions_backward_is_recomputed_where_that_backward_
             model = gc.grad(gc.capture(net, x=gc.spec("float64", (32, 64))), "output")
         copies = sum(n.name.startswith("recompute/") for n in model.proto.graph.node)
         assert (copies > 0) == regions
-        got[regions] = gc.Session(model, backend="numpy").run({"x": x})
+        got[regions] = gc.Session(model, backend=backend).run({"x": x})
         peak[regions] = ShapePrepass(model.proto)._infer({"x": x}).peak[0]
     assert peak[True] < 0.6 * peak[False], peak
     for name, want in got[False].items():
