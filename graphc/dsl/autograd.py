@@ -23,7 +23,7 @@ import onnx_ir as ir
 from graphc.dsl import autograd_functional as functional
 from graphc.dsl import grad_mode, ops
 from graphc.dsl.autograd_grad import grad
-from graphc.dsl.builder import Builder, active, no_grad, user_source
+from graphc.dsl.builder import Builder, Scope, active, no_grad, user_source
 from graphc.dsl.grad_mode import enable_grad, inference_mode, set_grad_enabled
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
@@ -156,7 +156,7 @@ def _apply(cls: type, args: tuple, source: str) -> Any:
            else outputs[i] for i in sorted(last.values())}
     marks = [own[last[id(o.value)]] for o in outputs]
     backward = _Backward(cls, ctx, builder, name, source, args, outputs, marked)
-    if getattr(cls, "_deferred", False) and len(builder.scopes) == 1:
+    if getattr(cls, "_deferred", False) and (len(builder.scopes) == 1 or builder.scope.settles is not None):
         builder.finishers.setdefault(_FUNCTIONS_KEY, _Finisher()).defer(backward, marks)
     else:
         backward.capture(marks)
@@ -323,21 +323,28 @@ class _Finisher:
 
     def __init__(self) -> None:
         self.pending: list[_Entry] = []
-        self.deferred: list[tuple[_Backward, list[Tensor], int]] = []  # (backward, marks, rebinds before it)
+        # (backward, marks, rebinds before it, the scope it was applied in)
+        self.deferred: list[tuple[_Backward, list[Tensor], int, Scope]] = []
         self.rebinds: list[tuple[ir.Value, ir.Value]] = []
 
     def defer(self, backward: _Backward, marks: list[Tensor]) -> None:
-        """Capture ``backward`` once the graph's outputs are known (``settle``)."""
-        self.deferred.append((backward, marks, len(self.rebinds)))
+        """Capture ``backward`` once the graph's outputs are known (``settle``), or, applied in a control-flow
+        body, once the body's are: given None for an output reaching none of them, as torch at every step."""
+        scope = backward.builder.scope
+        if scope.settles is not None and all(entry[3] is not scope for entry in self.deferred):
+            scope.settles.append(lambda outputs: self.settle([_ancestors(outputs, set())], scope))
+        self.deferred.append((backward, marks, len(self.rebinds), scope))
 
-    def settle(self, reached: list[set[ir.Value]] | None) -> None:
+    def settle(self, reached: list[set[ir.Value]] | None, scope: Scope | None = None) -> None:
         """Capture the deferred backwards, the last applied first, so that an earlier one's output reaches where a
         later one's backward sends a gradient to it (``reached``: the values reaching the outputs, then those
         reaching each float output, each extended as the backwards are captured; None: every output reached).
         Each backward is captured once per marked outputs given a gradient (the first: the region's own; then its
-        variants), and not for a variant given none (no gradient reaches the region there)."""
-        deferred, self.deferred = self.deferred, []
-        for backward, marks, start in reversed(deferred):
+        variants), and not for a variant given none (no gradient reaches the region there). ``scope``: only those
+        applied in that body."""
+        deferred = [entry for entry in self.deferred if scope is None or entry[3] is scope]
+        self.deferred = [entry for entry in self.deferred if all(entry is not e for e in deferred)]
+        for backward, marks, start, _ in reversed(deferred):
             captured: dict[tuple[int, ...], _Entry] = {}
             for k, values in enumerate(reached or [None]):
                 given = backward.given(marks, values)

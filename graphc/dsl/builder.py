@@ -133,6 +133,9 @@ class Scope:
         # in (``renorm.OuterLookup``), which ``vmap_renorm`` makes again after the call on every example's rows
         self.lookups = lookups
         self.backward_of: str | None = None  # a ``gc.autograd.Function``'s backward being captured: where it was applied
+        # a control-flow body's (``control.trace_subgraph``): what runs on its outputs once traced (a deferred
+        # ``gc.autograd.Function`` backward, ``autograd.settle_body``); None: another scope
+        self.settles: list | None = None
 
 
 class Builder:

@@ -58,6 +58,7 @@ def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types
     for the caller to carry out of it (``renorm``), each rebound to its value before the body; None: the
     body's lookups do not write back."""
     with builder.subgraph(carries) as scope:
+        scope.settles = []
         values = [builder.new_value(builder.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
         result = fn(*args, *[Tensor(v) for v in values])
         is_seq = isinstance(result, (tuple, list))
@@ -71,6 +72,8 @@ def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types
                 produced.add(id(item.value))
             used.add(id(item.value))
             outs.append(item)
+        for settle in scope.settles:
+            settle([t.value for t in outs])
     graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=builder.unique(name))
     renorm.restore(carries or [])
     return graph, outs, is_seq

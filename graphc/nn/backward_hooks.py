@@ -105,8 +105,8 @@ class ModuleGradOutput(Function):
     """The identity on a call's float outputs; backward: the pre-hooks on ``grad_output``, which also goes to the
     carriers."""
 
-    _deferred = True  # backward captured once the graph's outputs are known: None for an output reaching none (and
-    # again for each float output as the loss, ``autograd.settle``)
+    _deferred = True  # backward captured once the graph's (a body's) outputs are known: None for an output reaching
+    # none (and again for each float output as the loss, ``autograd.settle``)
 
     @staticmethod
     def forward(ctx: Any, call: Call, *values: Tensor) -> Any:
