@@ -5,6 +5,8 @@ and ort-cpu). A hook registered in a body on a value from outside it is refused.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -185,10 +187,40 @@ def test_an_output_the_body_does_not_return_is_none_to_the_hooks(kind):
         def forward(self, x):
             return {"loss": loss(gc, self.m, x)}
 
-    model = gc.capture(Net(), x=gc.spec("float64", (3, 4, 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's None pattern at every step: no warning
+        model = gc.capture(Net(), x=gc.spec("float64", (3, 4, 3)))
     for out in _compare(model, lambda tx: loss(torch, twin, tx), np.abs(RNG.normal(size=(3, 4, 3))),
                         list(model.params)):
         for name, p in twin.named_parameters():
             np.testing.assert_allclose(out[f"m.{name}_grad"], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
     assert seen == [("pre", [False, True]), ("full", [False, True])]  # at capture: once
     assert want == seen * (1 if kind == "cond" else 3)  # torch: at every step
+
+
+def _unread(lib, m, x, which):
+    """The call's second output a scan's per-step output the loss does not read, or a carry the next step reads."""
+    if which == "scanned" and lib is gc:
+        return gc.scan(lambda c, xt: m(c + xt), x[0] * 0, x)[0]
+    if which == "carried" and lib is gc:
+        return gc.fori_loop(0, 3, lambda i, hb: m(hb[0] + hb[1] * 0.1), (x[0], x[1]))[0]
+    h, b = (x[0] * 0, None) if which == "scanned" else (x[0], x[1])
+    for t in range(3):
+        h, b = m(h + x[t]) if which == "scanned" else m(h + b * 0.1)
+    return h
+
+
+@pytest.mark.parametrize("which, when", [("scanned", "at every step"), ("carried", "at some steps")])
+def test_an_output_the_loss_reaches_at_no_or_some_steps_is_warned_of(which, when):
+    """Where torch's None depends on the loss or the step, the body's hooks (run once, traced) get zeros: a warning
+    names the module and the line."""
+    seen, want = [], []
+    two, twin = _two_outputs(gc, seen), _two_outputs(torch, want)
+    twin.load_state_dict({k: torch.tensor(v) for k, v in two.state_dict().items()})
+    with pytest.warns(UserWarning, match=rf"Two's backward hooks \(called at .*test_backward_hooks_bodies.py:\d+\), "
+                                         rf"in a gc.cond/.* gives the hooks None {when} for an output"):
+        gc.capture(lambda x: {"loss": (_unread(gc, two, x, which) ** 2).sum()}, x=gc.spec("float64", (3, 4, 3)))
+    (_unread(torch, twin, torch.ones(3, 4, 3, dtype=torch.float64, requires_grad=True), which) ** 2).sum().backward()
+    assert seen == [("pre", [False, False]), ("full", [False, False])]
+    others = [False, True] if which == "scanned" else [False, False]  # torch: the last step's first
+    assert [p for kind, p in want if kind == "pre"] == [[False, True], others, others]

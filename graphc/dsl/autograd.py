@@ -15,6 +15,7 @@ The namespace also holds torch's ``autograd.grad`` (``graphc.dsl.autograd_grad``
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +24,14 @@ import onnx_ir as ir
 from graphc.dsl import autograd_functional as functional
 from graphc.dsl import grad_mode, ops
 from graphc.dsl.autograd_grad import grad
+from graphc.dsl.autograd_steps import ancestors, step_reaches
 from graphc.dsl.builder import Builder, Scope, active, no_grad, user_source
 from graphc.dsl.grad_mode import enable_grad, inference_mode, set_grad_enabled
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
-from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape, subgraph_reads
+from graphc.passes.values import AUTOGRAD_DOMAIN, AUTOGRAD_KEY, STOP_GRADIENT_KEY, static_shape
 
 __all__ = ["Function", "FunctionCtx", "enable_grad", "functional", "grad", "grad_mode", "inference_mode", "no_grad",
            "set_grad_enabled"]
@@ -106,10 +108,11 @@ def settle(builder: Builder, outputs: list[ir.Value]) -> None:
     finisher = builder.finishers.get(_FUNCTIONS_KEY)
     if finisher is None:
         return
-    reached = [_ancestors(outputs, set())]
+    reached = [ancestors(outputs, set())]
     if len(outputs) > 1:
-        reached += [_ancestors([o], set()) for o in outputs if o.dtype is not None and o.dtype.is_floating_point()]
+        reached += [ancestors([o], set()) for o in outputs if o.dtype is not None and o.dtype.is_floating_point()]
     finisher.settle(reached)
+    finisher.warn_steps(builder.scopes[0].nodes, reached[0])
 
 
 def rebind(builder: Builder, old: ir.Value, new: ir.Value) -> None:
@@ -267,21 +270,6 @@ def _differ(want: tuple, got: tuple) -> bool:
                                         for a, b in zip(want, got))
 
 
-def _ancestors(values: list[ir.Value], seen: set[ir.Value]) -> set[ir.Value]:
-    """``seen`` with ``values`` and every value they are computed from (read inside a subgraph too)."""
-    stack = [v for v in values if v not in seen]
-    seen.update(stack)
-    while stack:
-        node = stack.pop().producer()
-        if node is None:
-            continue
-        for v in (*node.inputs, *subgraph_reads(node)):
-            if v is not None and v not in seen:
-                seen.add(v)
-                stack.append(v)
-    return seen
-
-
 def _reads(body: ir.Graph, params: set[ir.Value]) -> list[ir.Value]:
     """The outer values ``body`` (and its subgraphs) reads, each replaced by a new input of ``body``;
     the outer values in the order of those inputs."""
@@ -326,13 +314,14 @@ class _Finisher:
         # (backward, marks, rebinds before it, the scope it was applied in)
         self.deferred: list[tuple[_Backward, list[Tensor], int, Scope]] = []
         self.rebinds: list[tuple[ir.Value, ir.Value]] = []
+        self.in_bodies: list[tuple[_Backward, _Entry]] = []  # captured once a body's outputs were (``warn_steps``)
 
     def defer(self, backward: _Backward, marks: list[Tensor]) -> None:
         """Capture ``backward`` once the graph's outputs are known (``settle``), or, applied in a control-flow
         body, once the body's are: given None for an output reaching none of them, as torch at every step."""
         scope = backward.builder.scope
         if scope.settles is not None and all(entry[3] is not scope for entry in self.deferred):
-            scope.settles.append(lambda outputs: self.settle([_ancestors(outputs, set())], scope))
+            scope.settles.append(lambda outputs: self.settle([ancestors(outputs, set())], scope))
         self.deferred.append((backward, marks, len(self.rebinds), scope))
 
     def settle(self, reached: list[set[ir.Value]] | None, scope: Scope | None = None) -> None:
@@ -357,7 +346,34 @@ class _Finisher:
                             entry.inputs[:] = [new if v is old else v for v in entry.inputs]
                         self._write(primary or entry)
                 if values is not None and entry is not None:
-                    _ancestors(entry.inputs, values)
+                    ancestors(entry.inputs, values)
+            if scope is not None and captured:
+                self.in_bodies.append((backward, captured[next(iter(captured))]))
+
+    def warn_steps(self, nodes: list[ir.Node], reached: set[ir.Value]) -> None:
+        """Warn of each backward captured in a body where, at a step at which torch calls it, it was given a
+        gradient for an output reaching none of the graph's outputs (``reached``) at that step."""
+        if not self.in_bodies:
+            return
+        links = {mark.value: entry.inputs for entry in self.pending for mark in entry.marks}
+        steps = step_reaches(nodes, reached, links)
+        warned = set()
+        for backward, entry in self.in_bodies:
+            given = [entry.marks[j].value for j in entry.given]
+            sets = steps.get(given[0].producer().graph, []) if given else []
+            called = [s for s in sets if any(v in s for v in given)]  # the steps torch calls the hooks at
+            missed = [s for s in called if any(v not in s for v in given)]
+            what = getattr(backward.cls, "describe", lambda ctx: backward.where)(backward.ctx)
+            if missed and what not in warned:
+                warned.add(what)
+                when = "at every step" if len(missed) == len(called) else "at some steps"
+                warnings.warn(
+                    f"{what}, in a gc.cond/gc.scan/gc.fori_loop/gc.while_loop body: torch, running the loop in "
+                    f"Python, gives the hooks None {when} for an output that reaches no graph output there (a "
+                    "body output no graph output reads, or a carried value only the next step reads); graphc "
+                    "traces the body once and runs the hooks once, giving them zeros for it at every step, so what "
+                    "they compute from it can differ from torch's: return from the body only what the graph's "
+                    "outputs read", UserWarning, stacklevel=2)
 
     def add(self, entry: _Entry, primary: _Entry | None) -> None:
         """A region's backward (``primary`` None), or a variant of ``primary``'s."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphc.dsl.autograd import Function
-from graphc.dsl.builder import Builder, active, nested_nodes
+from graphc.dsl.builder import Builder, active, nested_nodes, user_source
 from graphc.dsl.grad_hooks import checked_grad, hook_label
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.tensor import Tensor
@@ -40,8 +40,12 @@ class Call:
     start: int  # where the call's nodes begin in its scope
     args: tuple
     arg_floats: list[int]
+    source: str
     outputs: tuple = ()
     out_floats: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        return f"{type(self.module).__name__}'s backward hooks (called at {self.source})"
 
     def hooks(self, kind: str) -> list[Any]:
         return [hook.fn for hook in self.module.__dict__.get(kind, OrderedDict()).values()]
@@ -109,6 +113,10 @@ class ModuleGradOutput(Function):
     # none (and again for each float output as the loss, ``autograd.settle``)
 
     @staticmethod
+    def describe(ctx: Any) -> str:  # ``autograd``'s warnings name the module
+        return ctx.call.describe()
+
+    @staticmethod
     def forward(ctx: Any, call: Call, *values: Tensor) -> Any:
         ctx.call = call
         outputs = values[:len(call.out_floats)]
@@ -132,6 +140,8 @@ class ModuleGradInput(Function):
     (``grad_input``, ``grad_output``), the carriers' gradients being ``grad_output``."""
 
     _deferred = True
+
+    describe = staticmethod(ModuleGradOutput.describe)
 
     @staticmethod
     def forward(ctx: Any, call: Call, *args: Tensor) -> tuple:
@@ -158,7 +168,7 @@ def start(module: Any, args: tuple) -> Call | None:
     if builder is None or not builder.gradients_enabled or not (
             state.get("_backward_hooks") or state.get("_backward_pre_hooks")):
         return None
-    return Call(module, builder, len(builder.scope.nodes), args, _floats(args))
+    return Call(module, builder, len(builder.scope.nodes), args, _floats(args), user_source())
 
 
 def deprecated_hook_refused() -> NotImplementedError:
