@@ -503,6 +503,12 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9); the
     #   gathered columns with dW^T gained nothing on the 7x7 stems either (Trainer steps at 64 px,
     #   interleaved: ResNet-18 at batch 32 0.985x / 1.004x, at batch 2 0.985x; ResNet-50 0.998x).
+    #   Nor did the stride-2 stem as a stride-1 conv over x's SpaceToDepth (12 channels, the kernel
+    #   4x4 after padding it to 8x8), whose Conv over swapped axes has no dilation, dW read back by
+    #   a Reshape, Transpose and Slice: 2 threads, a loaded 2-core VM, ms, median / fastest of
+    #   16-60 interleaved runs, this Conv vs that: 3->64 7x7 stride 2, N=32 on 64x64 45.8 / 25.4 vs
+    #   81.4 / 59.7; on 128x128 167 / 136 vs 384 / 276; N=2 on 64x64 0.93 / 0.58 vs 3.66 / 0.97
+    #   (its products by dy are 16 pixels wide where this Conv's are 64).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
     #   exchanged, then the result transposed: for grouped convs at batches under 4 and on
     #   CUDA, larger kernels and past the cap; and for a 3x3 conv of up to 64 channels at a
