@@ -1,7 +1,8 @@
 """torch's elementwise math on complex Tensors (``graphc.dsl.complex_ops``' real parts): logs, roots, the
 trigonometric and hyperbolic functions and their inverses, sigmoid, expm1, sgn, square, reciprocal, the
 predicates ``isfinite``/``isnan``/``isinf`` and ``isclose``/``allclose``. ``TABLE`` names each with the real
-function it stands beside: ``gc.<name>`` takes either kind, and a complex Tensor has the method.
+function it stands beside: ``gc.<name>`` takes either kind, and a complex Tensor has the method, and the in-place
+``z.<name>_()`` (``gc.<name>_(z)``) where torch has one (``IN_PLACE``).
 
 The formulas are the stable ones, so values are torch's to rounding: ``log``'s real part is ``log1p`` near
 ``|z| = 1``, the inverse functions are Kahan's (Branch Cuts for Complex Elementary Functions, 1987) from two
@@ -19,7 +20,8 @@ from typing import Any
 
 from graphc.dsl import ops, ops_aliases, ops_array, ops_binary, ops_elementwise, ops_math
 from graphc.dsl.complex_ops import abs as complex_abs
-from graphc.dsl.complex_ops import add, as_complex, conj, div, either_kind, eq, exp, mul, neg, of_parts, parts, sub
+from graphc.dsl.complex_ops import (add, as_complex, conj, div, either_kind, eq, exp, mul, neg, of_parts, parts, sub,
+                                   write)
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.errors import CaptureError
@@ -230,6 +232,13 @@ TABLE = {
     "isclose": (ops_binary.isclose, isclose), "allclose": (ops_binary.allclose, allclose),
 }
 
+# the ones torch also writes in place (``z.log_()``): all but the predicates, and ``exp``
+IN_PLACE = sorted({*TABLE} - {"isfinite", "isnan", "isinf", "isclose", "allclose"} | {"exp"})
+
+
+def _in_place(fn: Callable[..., ComplexTensor]) -> Callable[..., ComplexTensor]:
+    """``z.<name>_()``: ``z`` rebound to ``fn(z)`` (``complex_ops.write``: a view writes its base), and returned."""
+    return lambda z: write(z, fn(z))
 
 
 def _of_a_tensor(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -245,5 +254,7 @@ def _of_a_tensor(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 for _name, (_real, _complex) in TABLE.items():
     globals()[f"{_name}_any"] = either_kind(_real, _of_a_tensor(_name, _complex))  # graphc/__init__.py: gc.<name>
     setattr(ComplexTensor, _name, _complex)
+for _name in IN_PLACE:
+    setattr(ComplexTensor, f"{_name}_", _in_place(getattr(ComplexTensor, _name)))
 
 __all__ = sorted(TABLE)

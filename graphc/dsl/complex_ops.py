@@ -29,9 +29,11 @@ Part = Any  # a real Tensor, a Python number, or None for a zero imaginary part
 
 
 def parts(z: ComplexTensor) -> tuple[Tensor, Tensor]:
-    """``z``'s real and imaginary parts (real Tensors of its part dtype)."""
-    if z._parts is not None:
+    """``z``'s real and imaginary parts (real Tensors of its part dtype): those it was made of, until its pair
+    (built from them: ``pair``) is written, by ``write`` or through a view."""
+    if z._parts is not None and (z._pair is None or z._pair._ir is z._built):
         return z._parts
+    z._parts = None
     return z._pair[..., 0], z._pair[..., 1]
 
 
@@ -39,6 +41,7 @@ def pair(z: ComplexTensor) -> Tensor:
     """``z`` as torch's ``view_as_real``: a real Tensor with a trailing dim of 2."""
     if z._pair is None:
         z._pair = ops.stack(list(z._parts), -1)
+        z._built = z._pair._ir
     return z._pair
 
 
@@ -225,7 +228,13 @@ def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
     """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors."""
     target = pair(z)
     inplace.setitem(target, _pair_index(index), pair(as_complex(value, ops.lift(0.0, target))))
-    z._parts = None
+
+
+def write(z: ComplexTensor, new: ComplexTensor) -> ComplexTensor:
+    """``z`` rebound in place to ``new`` (its shape and dtype), through its views' bases as
+    ``inplace.write`` writes real Tensors; returns ``z``."""
+    inplace.write(pair(z), pair(new))
+    return z
 
 
 def _sizes(size: tuple) -> tuple:

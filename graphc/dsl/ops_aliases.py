@@ -30,7 +30,7 @@ from graphc.dsl.inplace import in_place, method_in_place, reshaped_in_place, wri
 from graphc.dsl.losses import bce_with_logits, kl_div as _kl_div, poisson_nll
 from graphc.dsl.losses_margin import cosine_embedding, hinge_embedding, margin_ranking, triplet_margin
 from graphc.dsl.autocast import autocast_op
-from graphc.dsl.tensor import Tensor, is_contiguous
+from graphc.dsl.tensor import ComplexTensor, Tensor, is_contiguous
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
@@ -206,10 +206,11 @@ alpha_dropout, feature_alpha_dropout, feature_dropout = (
 native_channel_shuffle = channel_shuffle
 
 
-# 2. torch's ``_`` functions: ``torch.<name>_(input, ...)`` is ``input.<name>_(...)``
+# 2. torch's ``_`` functions: ``torch.<name>_(input, ...)`` is ``input.<name>_(...)`` (a complex ``input``'s too)
 def _method(name: str) -> Any:
     def fn(input: Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
-        return getattr(_tensor(name, "input", input), name)(*args, **kwargs)
+        target = input if isinstance(input, ComplexTensor) else _tensor(name, "input", input)
+        return getattr(target, name)(*args, **kwargs)
     fn.__name__, fn.__doc__ = name, f"``torch.{name}(input, ...)``: ``input.{name}(...)``."
     return fn
 

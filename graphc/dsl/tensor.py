@@ -269,14 +269,14 @@ class ComplexTensor:
     """A complex value in the graph being captured (``gc.complex64``/``complex128``): one real Tensor with a
     trailing dim of 2 (real, imaginary), ONNX's DFT layout and torch's ``view_as_real``, so every graph value
     stays real and gradients come from the real ops. It may be held as its two parts instead (what most ops
-    make and read); the pair is built from them on first need. Its operators and methods are bound by
+    make and read); the pair is built from them on first need, and the parts serve until the pair is written. Its operators and methods are bound by
     ``graphc.dsl.complex_ops``; any other is a ``CaptureError`` naming it."""
 
-    __slots__ = ("_pair", "_parts")
+    __slots__ = ("_pair", "_parts", "_built")
     __array_priority__ = 1001  # before a real Tensor's reflected operators
 
     def __init__(self, pair: Tensor | None = None, parts: tuple[Tensor, Tensor] | None = None):
-        self._pair, self._parts = pair, parts
+        self._pair, self._parts, self._built = pair, parts, None
 
     @property
     def dtype(self) -> DType:
@@ -322,7 +322,7 @@ class ComplexTensor:
 
     def numpy(self) -> np.ndarray:
         """The example value as a complex array (eager capture, or made outside any capture)."""
-        if self._parts is not None:
+        if self._pair is None:
             re, im = (part.numpy() for part in self._parts)
         else:
             pair = self._pair.numpy()
@@ -330,7 +330,7 @@ class ComplexTensor:
         return (re + 1j * im).astype(self.dtype.numpy)
 
     def __array__(self, dtype: Any = None, copy: Any = None):
-        held = self._parts[0] if self._parts is not None else self._pair
+        held = self._parts[0] if self._pair is None else self._pair
         if not made_outside(held.value):
             raise CaptureError(f"complex traced value {self.type_str()} cannot become a numpy array at "
                                f"{user_source()}: inside forward use gc.* functions on it")
