@@ -16,6 +16,7 @@ from ray_util import ray_cluster  # noqa: F401 - the module's fixture
 from serve_util import running_server
 
 import graphc as gc
+from graphc.serving.kserve import model_config
 from graphc.serving.serve import create_app
 
 torch = pytest.importorskip("torch")
@@ -173,3 +174,30 @@ def test_kserve_takes_and_gives_complex_values_as_pairs_its_metadata_names(tmp_p
     y = out["y"][..., 0] + 1j * out["y"][..., 1]
     np.testing.assert_allclose(y, (torch.from_numpy(z) @ torch.from_numpy(w)).numpy(), rtol=1e-12, atol=1e-12)
     assert wrong.status_code == 400 and "input 'z'" in wrong.json()["error"] and "real pair" in wrong.json()["error"]
+
+
+def test_triton_config_marks_complex_tensors_as_the_kserve_metadata_does(capsys, tmp_path):
+    """config.pbtxt listed a complex input or output as a plain TYPE_FP64 [..., 2] tensor, nothing saying so; Triton's
+    tensors have no parameters, so the model's name them, ``complex:<name>``; a server on the repository serves them."""
+    w = _complex(4, 3)
+    path = gc.capture(lambda z, x: {"y": z @ gc.complex(gc.tensor(w.real), gc.tensor(w.imag)), "n": x * 2},
+                      z=gc.spec("complex128", ("N", 4)), x=gc.spec(gc.float64, ("N", 2))).save(tmp_path / "cx.onnx")
+    result = run_cli(capsys, "deploy", "triton", path, "--repo", tmp_path / "repo", "--name", "cx",
+                     "--max-batch-size", "8")
+    assert result.code == 0, result.err
+    config, skipped = model_config.parse((tmp_path / "repo" / "cx" / "config.pbtxt").read_text())
+    assert skipped is None
+    assert {k: v.string_value for k, v in config.parameters.items()} == {"complex:z": "complex128",
+                                                                        "complex:y": "complex128"}
+    assert [(t.name, list(t.dims)) for t in (*config.input, *config.output)] == [
+        ("z", [4, 2]), ("x", [2]), ("y", [3, 2]), ("n", [2])]
+    z = _complex(2, 4)
+    body = {"inputs": [{"name": "z", "datatype": "FP64", "shape": [2, 4, 2], "data": _pair(z).ravel().tolist()},
+                       {"name": "x", "datatype": "FP64", "shape": [2, 2], "data": [0.0] * 4}]}
+    with running_server(create_app(tmp_path / "repo", backend="ort-cpu")) as address:
+        meta = httpx.get(f"http://{address}/v2/models/cx", timeout=60).json()
+        reply = httpx.post(f"http://{address}/v2/models/cx/infer", json=body, timeout=60).json()
+    assert meta["inputs"][0]["parameters"] == {"complex": "complex128"}
+    y = np.asarray(reply["outputs"][[o["name"] for o in reply["outputs"]].index("y")]["data"]).reshape(2, 3, 2)
+    np.testing.assert_allclose(y[..., 0] + 1j * y[..., 1], (torch.from_numpy(z) @ torch.from_numpy(w)).numpy(),
+                               rtol=1e-12, atol=1e-12)

@@ -23,6 +23,7 @@ from typing import Any, Union
 import onnx_ir as ir
 
 
+from graphc.model.complex_io import complex_names, complex_spec
 from graphc.model.dtypes import TensorSpec
 from graphc.errors import GraphError, ModelLoadError
 from graphc.fileio import atomic_write, fsync_dir, made_folders, scratch_dir
@@ -103,9 +104,23 @@ def require_tensor_interface(model: Model, server: str) -> None:
                                  f"{server} carries tensors only")
 
 
+def _complex_parameters(model: Model, specs: list[TensorSpec]) -> list[str]:
+    """The model ``parameters`` naming which of ``specs`` are complex values' ``[..., 2]`` real pairs
+    (``graphc.model.complex_io``), ``"complex:z"`` -> ``"complex128"``: Triton's inputs and outputs have no
+    parameters of their own, where the KServe metadata lists ``{"complex": "complex128"}``."""
+    complex_inputs, complex_outputs = complex_names(model.ir.metadata_props)
+    lines = []
+    for spec in specs:
+        if spec.name in complex_inputs | complex_outputs:
+            lines += [f"parameters {{ key: {_quote('complex:' + spec.name)} value: {{ string_value: "
+                      f"{_quote(complex_spec(spec).dtype)} }} }}"]
+    return lines
+
+
 def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: str = "cpu",
                   dynamic_batching: bool = False) -> str:
-    """``config.pbtxt`` text for ``model`` on Triton's onnxruntime backend."""
+    """``config.pbtxt`` text for ``model`` on Triton's onnxruntime backend; its complex inputs and outputs
+    named in the model's ``parameters`` (``_complex_parameters``)."""
     if max_batch_size < 0:
         raise ValueError(f"max_batch_size must be >= 0, got {max_batch_size}")
     if instance not in ("cpu", "gpu"):
@@ -120,6 +135,7 @@ def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: st
     lines += ["instance_group [", "  {", "    count: 1", f"    kind: KIND_{instance.upper()}", "  }", "]"]
     if dynamic_batching:
         lines.append("dynamic_batching { }")
+    lines += _complex_parameters(model, [*feedable_inputs(model), *model.outputs])
     return "\n".join(lines) + "\n"
 
 

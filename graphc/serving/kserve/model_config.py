@@ -153,7 +153,7 @@ def complete(config: Any, derived: Any) -> Any:
         current = getattr(config, field.name)
         if _repeated(field):
             if not current:
-                current.extend(value)
+                current.MergeFrom(value)  # a list or a map
         elif field.message_type is not None:
             if not config.HasField(field.name):
                 current.CopyFrom(value)
