@@ -1,5 +1,5 @@
 """torch's elementwise math on complex Tensors (``graphc.dsl.complex_ops``' real parts): logs, roots, the
-trigonometric and hyperbolic functions and their inverses, sigmoid, expm1, sgn, square, reciprocal, the
+trigonometric and hyperbolic functions and their inverses, sigmoid, expm1, exp2, sinc, sgn, square, reciprocal, the
 predicates ``isfinite``/``isnan``/``isinf`` and ``isclose``/``allclose``. ``TABLE`` names each with the real
 function it stands beside: ``gc.<name>`` takes either kind, and a complex Tensor has the method, and the in-place
 ``z.<name>_()`` (``gc.<name>_(z)``) where torch has one (``IN_PLACE``).
@@ -20,6 +20,7 @@ from typing import Any
 
 from graphc.dsl import ops, ops_aliases, ops_array, ops_binary, ops_elementwise, ops_math
 from graphc.dsl.complex_ops import abs as complex_abs
+from graphc.dsl.complex_ops import sum as complex_sum
 from graphc.dsl.complex_ops import (add, as_complex, conj, div, either_kind, eq, exp, mul, neg, of_parts, parts, sub,
                                    write)
 from graphc.dsl.builder import user_source
@@ -78,6 +79,27 @@ def expm1(z: ComplexTensor) -> ComplexTensor:
     x, y = parts(z)
     half = ops_array.sin(y * 0.5)
     return of_parts(ops_elementwise.expm1(x) * ops_array.cos(y) - half * half * 2.0, ops.exp(x) * ops_array.sin(y))
+
+
+def sinc(z: ComplexTensor) -> ComplexTensor:
+    """``sin(pi z) / (pi z)``, 1 at 0 with torch's zero gradient there."""
+    zero = eq(z, 0.0)
+    w = _scaled(of_parts(*(ops.where(zero, ops.scalar(1.0, p), p) for p in parts(z))), math.pi)
+    x, y = parts(div(sin(w), w))
+    return of_parts(ops.where(zero, ops.scalar(1.0, x), x), ops.where(zero, ops.scalar(0.0, y), y))
+
+
+def logsumexp(z: ComplexTensor, dim: Any, keepdim: bool = False) -> ComplexTensor:
+    """``log(sum(exp(z)))`` over ``dim``, from the largest real part (0 where infinite, as the real one's)."""
+    x, _ = parts(z)
+    top = ops.detach(ops_math.amax(x, dim, keepdim=True))
+    top = ops.where(ops_math.isinf(top), ops.scalar(0.0, top), top)
+    out = add(log(complex_sum(exp(sub(z, top)), dim, keepdim=True)), top)
+    if keepdim:
+        return out
+    re, im = parts(out)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return of_parts(ops.squeeze(re, dims), ops.squeeze(im, dims))
 
 
 def sin(z: ComplexTensor) -> ComplexTensor:
@@ -217,7 +239,8 @@ TABLE = {
     "reciprocal": (ops_math.reciprocal, lambda z: div(1.0, z)), "square": (ops_math.square, lambda z: mul(z, z)),
     "log": (ops.log, log), "log2": (ops_elementwise.log2, lambda z: _scaled(log(z), _LOG2)),
     "log10": (ops_elementwise.log10, lambda z: _scaled(log(z), _LOG10)), "log1p": (ops_elementwise.log1p, log1p),
-    "expm1": (ops_elementwise.expm1, expm1), "sigmoid": (ops.sigmoid, lambda z: div(1.0, add(1.0, exp(neg(z))))),
+    "expm1": (ops_elementwise.expm1, expm1), "exp2": (ops_elementwise.exp2, lambda z: exp(_scaled(z, math.log(2.0)))),
+    "sinc": (ops_elementwise.sinc, sinc), "sigmoid": (ops.sigmoid, lambda z: div(1.0, add(1.0, exp(neg(z))))),
     "sin": (ops_array.sin, sin), "cos": (ops_array.cos, cos), "tan": (ops_elementwise.tan, tan),
     "sinh": (ops_elementwise.sinh, sinh), "cosh": (ops_elementwise.cosh, cosh), "tanh": (ops.tanh, tanh),
     "asin": (ops_elementwise.asin, asin), "acos": (ops_elementwise.acos, acos), "atan": (ops_elementwise.atan, atan),
@@ -231,6 +254,10 @@ TABLE = {
     "isfinite": (ops_math.isfinite, isfinite), "isnan": (ops_math.isnan, isnan), "isinf": (ops_math.isinf, isinf),
     "isclose": (ops_binary.isclose, isclose), "allclose": (ops_binary.allclose, allclose),
 }
+
+# torch.special's functions that take complex Tensors (gc.special.<name>)
+SPECIAL = {"expit": TABLE["sigmoid"][1], "exp2": TABLE["exp2"][1], "expm1": expm1, "log1p": log1p, "sinc": sinc,
+           "logsumexp": logsumexp}
 
 # the ones torch also writes in place (``z.log_()``): all but the predicates, and ``exp``
 IN_PLACE = sorted({*TABLE} - {"isfinite", "isnan", "isinf", "isclose", "allclose"} | {"exp"})

@@ -126,8 +126,9 @@ def _div(ar: Part, ai: Part, br: Part, bi: Part) -> tuple[Part, Part]:
     scale = 1.0 / (large + small * r)
     s, t = ops.where(by_real, ar, ai), ops.where(by_real, ai, ar)
     im = (t - s * r) * scale
-    return (ops.where(zero, ar / ops.abs(br), (s + t * r) * scale),
-            ops.where(zero, ai / ops.abs(bi), ops.where(by_real, im, -im)))
+    nought = ops.where(zero, ops.scalar(0.0, like), ops.scalar(1.0, like))  # b's |parts| where 0, 1 elsewhere
+    return (ops.where(zero, ar / nought, (s + t * r) * scale),
+            ops.where(zero, ai / nought, ops.where(by_real, im, -im)))
 
 
 div = _binary(_div)

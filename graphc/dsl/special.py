@@ -4,10 +4,12 @@ are here, in float64 without Erf (which onnxruntime lacks in float64 and its ses
 ``erf`` and ``erfc`` from ``P(1/2, x**2)``'s series and ``Q(1/2, x**2)``'s continued fraction,
 ``ndtri`` by Cephes' rational fits, as torch. The Bessel and Airy functions are ``graphc.dsl.special_bessel``'s,
 the orthogonal polynomials ``graphc.dsl.special_polynomials``'; the others are the DSL's functions (``erf``,
-``expm1``, ``softmax``, ...)."""
+``expm1``, ``softmax``, ...). The ones torch.special takes complex Tensors in take them too, as
+``graphc.dsl.complex_math.SPECIAL``'s; the others refuse one, as torch's."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -30,7 +32,7 @@ from graphc.dsl.special_polynomials import (chebyshev_polynomial_t, chebyshev_po
                                            laguerre_polynomial_l, legendre_polynomial_p,
                                            shifted_chebyshev_polynomial_t, shifted_chebyshev_polynomial_u,
                                            shifted_chebyshev_polynomial_v, shifted_chebyshev_polynomial_w)
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.dsl.torch_keywords import torch_names
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -195,6 +197,23 @@ __all__ = [
     "xlog1py", "xlogy", "zeta",
 ]
 
-for _name in __all__:  # torch's keyword names (gc.special.expit(input=x)), the same objects as gc.sigmoid's
-    globals()[_name] = torch_names(globals()[_name])
+def _taking_complex(name: str, fn: Any) -> Any:
+    """``fn``, or for a complex Tensor argument ``complex_math.SPECIAL[name]``, refused where torch.special
+    refuses one (not implemented for 'ComplexDouble')."""
+    @functools.wraps(fn)
+    def either(*args: Any, **kwargs: Any) -> Any:
+        z = next((a for a in (*args, *kwargs.values()) if isinstance(a, ComplexTensor)), None)
+        if z is None:
+            return fn(*args, **kwargs)
+        from graphc.dsl.complex_math import SPECIAL  # complex_ops imports this module (through distributions)
+        if name not in SPECIAL:
+            raise CaptureError(f"special.{name} is not implemented for {z.dtype} (as torch.special.{name}: "
+                               f"'Complex{'Float' if z.dtype == 'complex64' else 'Double'}') at {user_source()}; "
+                               f"gc.special's complex functions: {', '.join(SPECIAL)}")
+        return SPECIAL[name](*args, **kwargs)
+    return either
+
+
+for _name in __all__:  # torch's keyword names (gc.special.expit(input=x)), complex Tensors where torch takes them
+    globals()[_name] = torch_names(_taking_complex(_name, globals()[_name]))
 del _name
