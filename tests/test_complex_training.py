@@ -201,3 +201,78 @@ def test_triton_config_marks_complex_tensors_as_the_kserve_metadata_does(capsys,
     y = np.asarray(reply["outputs"][[o["name"] for o in reply["outputs"]].index("y")]["data"]).reshape(2, 3, 2)
     np.testing.assert_allclose(y[..., 0] + 1j * y[..., 1], (torch.from_numpy(z) @ torch.from_numpy(w)).numpy(),
                                rtol=1e-12, atol=1e-12)
+
+
+def _l1_torch_loop(wr, wi, batches):
+    """torch's SGD on F.l1_loss of the complex output and complex labels (torch's l1_loss takes complex: |y - t|)."""
+    tr, ti = (torch.tensor(w, requires_grad=True) for w in (wr, wi))
+    opt, losses = torch.optim.SGD([tr, ti], lr=LR), []
+    for z, t in batches:
+        loss = torch.nn.functional.l1_loss(torch.from_numpy(z) @ torch.complex(tr, ti), torch.from_numpy(t))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, tr.detach().numpy(), ti.detach().numpy()
+
+
+def _l1_trainer(wr, wi, loss=gc.losses.l1):
+    model = gc.capture(_ComplexLinear(wr, wi), z=gc.spec("complex128", ("N", 4)))
+    return gc.Trainer(gc.training.generate(model, loss("y", label="t"), gc.optim.SGD(LR)), backend="numpy")
+
+
+def test_l1_on_a_complex_output_trains_on_complex_labels_as_torch_s_l1_loss(capsys, tmp_path):
+    """The label of a complex output was its pair only, and l1 the mean of |real| and |imag| differences over the
+    pair (0.64 of torch's on a first step) where torch's l1_loss is the mean modulus |y - t|."""
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    batches = [(_complex(5, 4), _complex(5, 3)) for _ in range(STEPS)]
+    losses, want_r, want_i = _l1_torch_loop(wr, wi, batches)
+    on_complex, on_pairs = _l1_trainer(wr, wi), _l1_trainer(wr, wi)
+    assert on_complex.complex_inputs == {"z", "t"}
+    for (z, t), loss in zip(batches, losses):
+        got = on_complex.step({"z": z, "t": t})
+        assert got == on_pairs.step({"z": z, "t": _pair(t)})
+        assert got == pytest.approx(loss, rel=1e-12)
+    np.testing.assert_allclose(on_complex.params["wr"], want_r, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(on_complex.params["wi"], want_i, rtol=1e-12, atol=1e-14)
+    z, t = batches[0]
+    y = torch.from_numpy(z) @ torch.complex(*(torch.from_numpy(on_complex.params[n]) for n in ("wr", "wi")))
+    report = on_complex.evaluate({"z": z, "t": t})  # mse and mae of the moduli: discarded the imaginary parts
+    assert report["loss"] == pytest.approx(torch.nn.functional.l1_loss(y, torch.from_numpy(t)).item(), rel=1e-12)
+    assert report["mae"] == pytest.approx(report["loss"], rel=1e-12)
+    assert report["mse"] == pytest.approx(((y - torch.from_numpy(t)).abs() ** 2).mean().item(), rel=1e-12)
+    on_complex.artifacts.save(tmp_path / "arts")
+    np.savez(tmp_path / "data.npz", z=np.concatenate([b[0] for b in batches]), t=np.concatenate([b[1] for b in batches]))
+    result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "data.npz", "--epochs", "1",
+                     "--batch-size", "5", "-b", "numpy", "--checkpoint", tmp_path / "ckpt")
+    assert result.code == 0, result.err
+    trained = gc.Trainer(tmp_path / "ckpt", backend="numpy").params
+    assert not np.array_equal(trained["wr"], on_complex.params["wr"])
+
+
+@pytest.mark.parametrize("loss,torch_name", [(gc.losses.mse, "mse_loss"), (gc.losses.huber, "huber_loss"),
+                                             (gc.losses.bce_with_logits, "binary_cross_entropy_with_logits"),
+                                             (gc.losses.cross_entropy, "cross_entropy")])
+def test_the_losses_torch_refuses_complex_in_are_refused_on_a_complex_output(loss, torch_name):
+    """mse on a complex output was the mean over its pair's entries, half torch's mean |y - t|**2, which torch refuses."""
+    kind = loss.__name__
+    with pytest.raises(ValueError, match=rf"loss '{kind}' on the complex output 'y' \(complex128\[N,3\]\): torch's "
+                                         rf"{torch_name} does not take complex Tensors; gc.losses.l1 does"):
+        _l1_trainer(RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3)), loss)
+    model = gc.capture(_ComplexLinear(RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))),
+                       z=gc.spec("complex128", ("N", 4)))
+    with pytest.raises(ValueError, match=rf"loss '{kind}' on the complex output 'y'"):
+        gc.grad(model, loss("y", label="t"))
+
+
+def test_a_grad_model_of_l1_on_a_complex_output_takes_complex_labels():
+    wr, wi = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    z, t = _complex(5, 4), _complex(5, 3)
+    model = gc.capture(_ComplexLinear(wr, wi), z=gc.spec("complex128", ("N", 4)))
+    got = gc.Session(gc.grad(model, gc.losses.l1("y", label="t")), backend="numpy").run({"z": z, "t": t})
+    tr, ti = (torch.tensor(w, requires_grad=True) for w in (wr, wi))
+    loss = torch.nn.functional.l1_loss(torch.from_numpy(z) @ torch.complex(tr, ti), torch.from_numpy(t))
+    loss.backward()
+    assert got["loss"] == pytest.approx(loss.item(), rel=1e-12)
+    np.testing.assert_allclose(got["wr_grad"], tr.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got["wi_grad"], ti.grad.numpy(), rtol=1e-10, atol=1e-12)

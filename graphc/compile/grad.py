@@ -57,6 +57,7 @@ def _with_loss(model: Model, spec: LossSpec) -> Model:
     """A copy of ``model`` with ``spec``'s loss graph after its output, a new label input and the
     loss as one more output named ``loss``."""
     from graphc.passes.training.loss_graph import LossArgs, append_loss, free_names
+    from graphc.compile.complex_loss import complex_output, with_complex_label
     from graphc.compile.training import capture_loss
 
     if LOSS in {o.name for o in model.outputs}:
@@ -65,6 +66,10 @@ def _with_loss(model: Model, spec: LossSpec) -> Model:
     copy = ir.serde.deserialize_model(model.proto)
     graph = copy.graph
     free_names(graph, {LOSS: "the loss spec's loss, an output of the gradient graph"})
-    append_loss(graph, model.opset, LossArgs(spec.output, spec.label, build=partial(capture_loss, spec)))
+    pair = complex_output(model, spec)
+    append_loss(graph, model.opset, LossArgs(spec.output, spec.label,
+                                             build=partial(capture_loss, spec, complex_pair=pair)))
+    if pair:
+        with_complex_label(copy, spec.label)
     graph.outputs.append(next(v for node in reversed(list(graph)) for v in node.outputs if v.name == LOSS))
     return Model(copy)

@@ -68,6 +68,7 @@ import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.compile.amp import autocast_dtype, loss_scale_json
+from graphc.compile.complex_loss import complex_output, l1_of_pairs, with_complex_label
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
@@ -662,11 +663,12 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
 
     if not isinstance(model, Model):
         raise TypeError(f"generate() takes a gc.Model, got {type(model).__name__}")
+    pair = isinstance(loss, LossSpec) and complex_output(model, loss)  # l1 on a complex output's pair
     if isinstance(loss, str):
         loss_args = artifacts.LossArgs(output=loss)
         loss_json = {"kind": "output", "output": loss, "label": None, "options": {}}
     elif isinstance(loss, LossSpec):
-        loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(capture_loss, loss))
+        loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(capture_loss, loss, complex_pair=pair))
         loss_json = {**loss.model_dump(), "options": loss.resolved_options()}
     else:
         raise TypeError("loss must be a gc.losses spec (e.g. gc.losses.mse('out', label='y')) or the "
@@ -685,6 +687,9 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                             device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json,
                             autocast=None if low is None else (low, onnx_kinds(device)))
     averaging = None if averaged is None else _averaging(built, averaged)
+    if pair:
+        for m in built.graphs.values():
+            with_complex_label(m, loss.label)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -772,10 +777,11 @@ def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:
     return Model(loss_scaling.scaled_gradients(artifacts.gradients.ir))
 
 
-def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
+def capture_loss(spec: LossSpec, output: ir.Value, opset: int, complex_pair: bool = False) -> ir.Model:
     """The loss as a graph of its own, captured from ``gc.losses``: inputs ``pred`` (the model
     output's type) and ``label`` (int64 class indices [N, d1...] for cross-entropy on
-    [N, C, d1...], else the output's type); one scalar output."""
+    [N, C, d1...], else the output's type); one scalar output. ``complex_pair``: the output is a
+    complex value's pair (``complex_loss``)."""
     from graphc.dsl import losses as _dsl_losses
     from graphc.dsl.capture import capture
 
@@ -787,7 +793,7 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
         if len(pred.shape) < 2:
             raise PassError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
         label = TensorSpec(name="label", dtype="int64", shape=(pred.shape[0], *pred.shape[2:]))
-    fn = getattr(_dsl_losses, spec.kind)
+    fn = l1_of_pairs if complex_pair else getattr(_dsl_losses, spec.kind)
     options = spec.resolved_options()
     if "weight" in options:  # cast to the logits' dtype by the loss
         options["weight"] = np.asarray(options["weight"], np.float64)

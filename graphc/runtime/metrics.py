@@ -109,16 +109,21 @@ register("top5_accuracy", top_k_accuracy(5))
 _MEANS.add(accuracy)
 
 
+def _error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``|pred - target|`` in float64 (complex128 for complex values: the modulus)."""
+    return np.abs(pred.astype(np.result_type(pred.dtype, np.float64)) - target)
+
+
 @register("mse")
 def mse(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean squared error."""
-    return float(np.mean(np.square(pred.astype(np.float64) - target)))
+    """Mean squared error (of the moduli, for complex values)."""
+    return float(np.mean(np.square(_error(pred, target))))
 
 
 @register("mae")
 def mae(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean absolute error."""
-    return float(np.mean(np.abs(pred.astype(np.float64) - target)))
+    """Mean absolute error (the mean modulus, for complex values: torch's l1_loss)."""
+    return float(np.mean(_error(pred, target)))
 
 
 _MEANS.update((mse, mae))
