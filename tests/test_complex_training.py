@@ -2,7 +2,8 @@
 ``evaluate``/``predict`` and ``graphc train``'s data take numpy complex arrays for a complex input and ``predict``
 gives a complex output complex, against torch 2.13's loop on complex tensors (float64/complex128, 1e-12) and against
 the same steps fed the ``[..., 2]`` pairs; the KServe v2 server takes and gives the pairs, over HTTP, and its model
-metadata names them."""
+metadata names them, as a Triton config.pbtxt's parameters do; ``gc.losses.l1`` on a complex output trains on complex
+labels as torch's ``l1_loss``, and the losses torch refuses complex Tensors in are refused."""
 
 from __future__ import annotations
 
