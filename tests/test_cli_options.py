@@ -80,6 +80,7 @@ API_DEFAULTS = {
     ("train", "log"): (gc.Trainer.fit, "log"),
     ("train", "changed_optimizer"): (gc.Trainer.load_checkpoint, "changed_optimizer"),
     ("train", "fresh_optimizer"): (gc.Trainer.load_checkpoint, "fresh_optimizer"),
+    ("train", "changed_model"): (gc.Trainer.load_checkpoint, "changed_model"),
     ("export", "opset"): (export_inference, "opset"),
     ("export", "allow_untrained"): (export_inference, "allow_untrained"),
     ("export", "dtype"): (export_inference, "dtype"),

@@ -52,16 +52,16 @@ def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: 
 
 
 def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimizer: bool = False,
-                     fresh_optimizer: bool = False, accumulate: int = 1) -> None:
+                     fresh_optimizer: bool = False, accumulate: int = 1, changed_model: bool = False) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
     ``path`` (none of another model's is there); with ``resume`` one is there to continue (of
-    the graphs' optimizer unless ``changed_optimizer``, trainable set and ``accumulate``:
-    ``resume_rules``; with
+    the graphs' model unless ``changed_model``: ``refuse_other_model``, optimizer unless
+    ``changed_optimizer``, trainable set and ``accumulate``: ``resume_rules``; with
     ``fresh_optimizer`` its params are taken, ``params_only``, and the run replaces it), without
     it none is there to be overwritten by a fresh run."""
     from graphc.runtime import params_only
     from graphc.runtime.checkpoint import CheckpointError, read_meta_and_table, resolve, writable_header
-    from graphc.runtime.checkpoint_folder import check_owner, find_artifacts
+    from graphc.runtime.checkpoint_folder import check_owner, find_artifacts, refuse_other_model, structure_of
     from graphc.compile.training import MANIFEST_FILE, read_manifest
 
     target, header = resolve(path), None  # the checkpoint's header (read_meta_and_table), read once
@@ -83,6 +83,10 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
     header = writable_header(path, header)[1]  # only a graphc checkpoint is there to be replaced
     if source is not None:  # another model's checkpoint is named here
         check_owner(path, manifest.carried(), target.resolve() if fresh_optimizer else None, header)
+        if resume and not changed_model and header[0].structure is not None:  # the same tensors, another model
+            refuse_other_model(path, header[0].structure, structure_of(source), f"at {source}",
+                               "Give --changed-model to load its tensors into these graphs though their model "
+                               "computes otherwise (a model changed on purpose, as for fine-tuning)")
     if not resume and header is not None:
         meta = header[0]
         raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
@@ -154,6 +158,11 @@ def train_cmd(
                                          "from them: step 0, the optimizer's state fresh, any optimizer and any "
                                          "frozen set that trains the checkpoint's trained params (torch's "
                                          "load_state_dict and a new optimizer); the run's checkpoints replace it."),
+    changed_model: bool = typer.Option(False, "--changed-model", help="With --resume: load the checkpoint's tensors "
+                                       "into ARTIFACT_DIR's graphs though their inference graph is not the one it "
+                                       "was saved with (another op, same tensor names: a model changed on purpose, as "
+                                       "for fine-tuning); without it such a resume is refused, naming the first "
+                                       "difference."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the shuffling and of Dropout's noise."),
     metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
                                       help="A metric (repeatable), reported for training and evaluation, instead of "
@@ -232,7 +241,8 @@ def train_cmd(
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
-    for option, on in (("--changed-optimizer", changed_optimizer), ("--fresh-optimizer", fresh_optimizer)):
+    for option, on in (("--changed-optimizer", changed_optimizer), ("--fresh-optimizer", fresh_optimizer),
+                       ("--changed-model", changed_model)):
         if on and not resume:
             raise ValueError(f"{option} applies to a --resume run: give --resume --checkpoint DIR too")
     if changed_optimizer and fresh_optimizer:
@@ -256,7 +266,7 @@ def train_cmd(
         log_format(log)
     check_training_source(artifacts)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer, accumulate)
+        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer, fresh_optimizer, accumulate, changed_model)
     try:  # ARTIFACTS may be a checkpoint, resumed here
         trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                              workers=workers, ray_address=ray_address, accumulate=accumulate,
@@ -266,7 +276,8 @@ def train_cmd(
         raise _in_cli_words(exc) from None
     if resume:
         with _lr_note(trainer):
-            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer)
+            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer, fresh_optimizer=fresh_optimizer,
+                                    changed_model=changed_model)
     resumed = None if fresh_optimizer else checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be one
     if fresh_optimizer:
         out.print(escape(f"params from {checkpoint}; a new run with a fresh optimizer (step 0)"), highlight=False,

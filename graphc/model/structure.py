@@ -7,8 +7,10 @@ names, another op) are refused rather than given its weights.
 another node's output by that node's index), and one hash of the graph's inputs and outputs
 (names, dtypes) and initializers (names, dtypes, shapes; not their values). Value names inside
 the graph, node names, metadata and the ``seed`` of ONNX's random ops (drawn from the capture's
-seed: the model captured with another seed is the same model) are left out. ``difference`` names
-the first thing two differ in.
+seed: the model captured with another seed is the same model) are left out, and so is the ai.onnx
+opset, recorded beside: one model lowered alike at two opsets is the same structure, lowered
+otherwise (GELU as one op from opset 20, as Erf and Muls before) it differs, and ``difference``,
+which names the first thing two differ in, then names both opsets first.
 """
 
 from __future__ import annotations
@@ -32,19 +34,31 @@ class GraphStructure(BaseModel):
 
     nodes: list[str]  # per node of the main graph, in order: "OpType:hash" (``domain::OpType`` outside ai.onnx)
     values: str       # hash of its inputs, outputs and initializers: names, dtypes, initializer shapes
+    opset: Optional[int] = None  # the ai.onnx opset it was generated at; None: not kept (a header from before)
 
 
 def of(model: ir.Model) -> GraphStructure:
     """The structure of ``model``'s main graph."""
     graph = model.graph
     where: dict[ir.Value, str] = {}
-    return GraphStructure(nodes=_nodes(graph, where, ""), values=_hash(_values(graph, where)))
+    return GraphStructure(nodes=_nodes(graph, where, ""), values=_hash(_values(graph, where)),
+                          opset=graph.opset_imports.get("", graph.opset_imports.get("ai.onnx")))
 
 
 def difference(saved: GraphStructure, found: GraphStructure) -> Optional[str]:
     """What ``found`` (the graphs now) differs from ``saved`` (the graphs a checkpoint was saved
-    with) in, first: a node, the number of nodes, or the inputs, outputs and initializers; None if
-    they are the same."""
+    with) in, first: a node, the number of nodes, or the inputs, outputs and initializers; led by
+    both opsets where those differ too (regenerating at the checkpoint's opset shows whether the
+    lowering is all that differs); None if they are the same."""
+    problem = _first_difference(saved, found)
+    if problem is None or None in (saved.opset, found.opset) or saved.opset == found.opset:
+        return problem
+    return (f"the graphs were generated at opset {found.opset}, the checkpoint at opset {saved.opset}, where ops "
+            f"may be lowered otherwise (first difference: {problem}); regenerate them at opset {saved.opset} "
+            f"(gc.capture(..., opset={saved.opset}), graphc capture --opset {saved.opset})")
+
+
+def _first_difference(saved: GraphStructure, found: GraphStructure) -> Optional[str]:
     for index, (was, now) in enumerate(zip(saved.nodes, found.nodes)):
         if was != now:
             op_was, op_now = was.rpartition(":")[0], now.rpartition(":")[0]
@@ -102,16 +116,17 @@ def _attribute(attr: Any, where: dict[ir.Value, str], scope: str) -> list:
     return [attr.name, int(kind), value]
 
 
-def _dtype(value: ir.Value) -> Optional[int]:
+def _dtype(value: ir.Value | ir.TensorProtocol) -> Optional[int]:
     return None if value.dtype is None else int(value.dtype)
 
 
 def _tensor_type(value: ir.Value) -> tuple:
-    """An initializer's dtype and shape, from its tensor where it holds one."""
-    held = value.const_value
-    if held is not None:
-        return int(held.dtype), tuple(held.shape)
-    return _dtype(value), None if value.shape is None else tuple(str(d) for d in value.shape)
+    """An initializer's dtype and shape, from its tensor where it holds one, else from the value:
+    one form either way (static dims as ints, symbolic ones by name), so a held tensor and an
+    unheld value of the same type hash alike."""
+    typed = value.const_value if value.const_value is not None else value
+    shape = typed.shape
+    return _dtype(typed), (None if shape is None else tuple(d if isinstance(d, int) else str(d) for d in shape))
 
 
 def _hash(data: Any) -> str:

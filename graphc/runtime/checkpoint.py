@@ -246,6 +246,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["accumulate"] = True
         if meta.structure is None:  # nor one from before the inference graph's structure was kept
             exclude["structure"] = True
+        elif meta.structure.opset is None:  # nor one from before its opset was kept
+            exclude["structure"] = {"opset"}
         if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
             exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields

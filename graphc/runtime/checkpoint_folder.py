@@ -23,13 +23,13 @@ from graphc.errors import InputError
 from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
 from graphc.model.structure import GraphStructure, difference, of
 from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, Header, PathLike,
-                                       mismatch, own_entry, read_meta, resolve, writable_header)
+                                       load, mismatch, own_entry, read_meta, resolve, writable_header)
 
 if TYPE_CHECKING:
     from graphc.compile.training import Manifest
 
-__all__ = ["artifacts_dir", "check_owner", "check_training_source", "find_artifacts", "graphs_beside", "structure_of",
-           "trained_from"]
+__all__ = ["artifacts_dir", "check_owner", "check_training_source", "find_artifacts", "graphs_beside",
+           "refuse_other_model", "structure_of", "trained_from"]
 
 
 def artifacts_dir(path: PathLike) -> Optional[Path]:
@@ -89,16 +89,19 @@ def _put_in_place(staged: Path, final: Path) -> None:
 
 
 @contextmanager
-def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest]) -> Iterator[str]:
+def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest],
+                  structure: GraphStructure) -> Iterator[str]:
     """Around the write of the checkpoint file ``target`` (the body), make its folder's
-    ``artifacts/`` hold ``artifacts`` (training graphs); yields their ``Manifest.digest()`` for
-    the checkpoint to record. Graphs already there (``beside``: their manifest, as
-    ``check_owner`` read it) of that digest are kept; others are replaced with the checkpoint as
-    one step (the module's docstring). A file checkpoint (not ``checkpoint.safetensors``) keeps
-    no graphs."""
+    ``artifacts/`` hold ``artifacts`` (training graphs, their inference graph's ``model.structure``
+    ``structure``); yields their ``Manifest.digest()`` for the checkpoint to record. Graphs already
+    there (``beside``: their manifest, as ``check_owner`` read it) of that digest are kept where the
+    checkpoint there records that structure too (the digest does not tell another model of the same
+    tensor names: ``changed_model``); others are replaced with the checkpoint as one step (the
+    module's docstring). A file checkpoint (not ``checkpoint.safetensors``) keeps no graphs."""
     digest = artifacts.manifest.digest()
     final = own_entry(target.parent, ARTIFACTS_DIR) if target.name == FILE_NAME else None
-    if final is None or (beside is not None and beside.digest() == digest):
+    kept = beside is not None and beside.digest() == digest and target.is_file()
+    if final is None or (kept and read_meta(target).structure == structure):
         yield digest
         return
     if (final.exists() or final.is_symlink()) and not (final / ARTIFACTS_MANIFEST).is_file():
@@ -169,19 +172,33 @@ def check_training_source(path: Path) -> None:
 
 def find_artifacts(path: PathLike) -> Optional[Path]:
     """Where a checkpoint's training graphs are: beside it, else where its header says.
-    ``CheckpointError`` where their inference graph is not the one the checkpoint was saved with
-    (``model.structure``: its header records it; one from before it did is not checked)."""
+    ``refuse_other_model`` where their inference graph is not the one the checkpoint was saved
+    with."""
     meta = read_meta(path)
     found = artifacts_dir(path)
     if found is None and meta.artifacts and (Path(meta.artifacts) / ARTIFACTS_MANIFEST).is_file():
         found = Path(meta.artifacts)
-    problem = None if found is None or meta.structure is None else difference(meta.structure, structure_of(found))
-    if problem is not None:
-        raise CheckpointError(f"{resolve(path)}: the training graphs at {found} are not the ones this checkpoint was "
-                              f"saved with (regenerated there as another model?): {problem}. Put its own graphs "
-                              "back there, or load it into the graphs you mean explicitly "
-                              "(gc.Trainer(ARTIFACTS).load_checkpoint(CHECKPOINT))")
+    if found is not None and meta.structure is not None:
+        refuse_other_model(path, meta.structure, structure_of(found), f"at {found}",
+                           "Put its own graphs back there, or load its tensors into the graphs you mean explicitly "
+                           "(gc.Trainer(ARTIFACTS).load_checkpoint(CHECKPOINT), with changed_model=True where their "
+                           "model was changed on purpose)")
     return found
+
+
+def refuse_other_model(path: PathLike, saved: GraphStructure, found: GraphStructure, graphs: str,
+                       way_on: str) -> None:
+    """``CheckpointError`` where the training graphs ``graphs`` (where they are, in words), whose
+    inference graph's ``model.structure`` is ``found``, are not those the checkpoint at ``path`` was
+    saved with (``saved``, its header's): another model with the same tensor names, or the model
+    lowered otherwise at another opset. Names the first difference and ``way_on``. A header edited
+    to record another structure is refused as corrupted (its digest is verified on this path
+    alone), not blamed on the graphs."""
+    problem = difference(saved, found)
+    if problem is not None:
+        load(path)
+        raise CheckpointError(f"{resolve(path)}: the training graphs {graphs} are not the ones this checkpoint was "
+                              f"saved with: {problem}. {way_on}")
 
 
 def structure_of(artifacts: Path) -> GraphStructure:

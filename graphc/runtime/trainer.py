@@ -1165,7 +1165,8 @@ class Trainer:
         target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from)
         self._tally_skips()
         try:
-            with made_folders(target.parent), checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
+            with made_folders(target.parent), checkpoint_folder.graphs_beside(
+                    target, self.artifacts, beside, self._inference_structure()) as graphs:
                 meta = ckpt.CheckpointMeta(
                     step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
                     progress=self._progress, loader=self._loader_state, rng=self.rng.bit_generator.state,
@@ -1187,17 +1188,20 @@ class Trainer:
         return self._structure
 
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False,
-                        fresh_optimizer: bool = False) -> None:
+                        fresh_optimizer: bool = False, changed_model: bool = False) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A
         checkpoint trained with another optimizer kind or constants (weight decay, betas, ...) is
         a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set or
-        ``accumulate`` always (``graphc.runtime.resume_rules``). ``fresh_optimizer``: take only the checkpoint's params
-        and buffers, and start as a new run of these graphs (``_restart``)."""
+        ``accumulate`` always (``graphc.runtime.resume_rules``), one saved with another inference
+        graph (another model of the same tensor names, or another opset's lowering:
+        ``checkpoint_folder.refuse_other_model``) unless ``changed_model``. ``fresh_optimizer``:
+        take only the checkpoint's params and buffers, and start as a new run of these graphs
+        (``_restart``)."""
         if fresh_optimizer:
             if changed_optimizer:
                 raise ValueError("changed_optimizer carries the checkpoint's optimizer state over, fresh_optimizer "
                                  "starts it afresh: pass one of them")
-            return self._restart(path)
+            return self._restart(path, changed_model)
         tensors, meta = ckpt.load(path)
         self._restarted_from = None
         resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer,
@@ -1210,6 +1214,7 @@ class Trainer:
                                 roles)
         if problem is not None:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
+        self._refuse_other_model(path, meta, changed_model)  # the same tensors, in another model
         self._reset_state(tensors, consume=True)
         self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
         self._progress = ckpt.batch_weighted(meta, averaging.summed(self.manifest.loss))
@@ -1225,7 +1230,7 @@ class Trainer:
             if key in meta.graph_rng:
                 rng.bit_generator.state = meta.graph_rng[key]
 
-    def _restart(self, path: Union[str, os.PathLike]) -> None:
+    def _restart(self, path: Union[str, os.PathLike], changed_model: bool) -> None:
         """``load_checkpoint(path, fresh_optimizer=True)``: the checkpoint's params and buffers
         (``graphc.runtime.params_only``), the rest as the graphs' initial state, the step, epoch,
         loader position, epoch sums and lr schedule those of a new run (the RNGs as they are, as
@@ -1233,6 +1238,7 @@ class Trainer:
         checkpoint at ``path``, whose state belongs to other graphs."""
         tensors, meta = ckpt.load(path)
         start = params_only.restart(path, tensors, meta, self.manifest, self.artifacts.state)
+        self._refuse_other_model(path, meta, changed_model)
         if self.artifacts_path is not None:
             self.artifacts.release()
         self._reset_state(start, consume=True)
@@ -1241,6 +1247,16 @@ class Trainer:
         self.lr_group.clear()
         self._pending_schedule = None
         self._restarted_from = ckpt.resolve(path).resolve()
+
+    def _refuse_other_model(self, path: Union[str, os.PathLike], meta: ckpt.CheckpointMeta,
+                            changed_model: bool) -> None:
+        """``checkpoint_folder.refuse_other_model`` for these graphs, unless ``changed_model``."""
+        if meta.structure is not None and not changed_model:
+            graphs = f"at {self.artifacts_path}" if self.artifacts_path is not None else "given in memory"
+            checkpoint_folder.refuse_other_model(
+                path, meta.structure, self._inference_structure(), graphs,
+                "Load it into its own graphs, or pass changed_model=True to load its tensors into these graphs "
+                "though their model computes otherwise (a model changed on purpose, as for fine-tuning)")
 
     def _load_schedule(self, text: str) -> None:
         """Restore the lr group and scheduler state a checkpoint saved: into ``self.scheduler`` if
