@@ -212,6 +212,22 @@ def test_changed_model_loads_into_the_changed_model_and_its_checkpoint_records_i
     assert fresh.step_count == 0
 
 
+def test_another_models_checkpoint_of_the_same_tensors_is_not_overwritten(tmp_path):
+    """A new run of the tanh graphs saving where the relu model's checkpoint is: before, fit and
+    save_checkpoint replaced it (only its tensors were compared)."""
+    ck = tmp_path / "ck"
+    trained(tmp_path, ck)
+    saved = ckpt.resolve(ck).read_bytes()
+    trainer = gc.Trainer(artifacts(TanhNet()), backend="numpy")
+    refusal = re.escape(f"{ck} belongs to another model of the same tensors: node 2 is Tanh in the graphs, Relu when")
+    with pytest.raises(ckpt.CheckpointError, match=refusal):
+        trainer.fit(gc.data.DataLoader(blobs(64), batch_size=16), 1, progress=False, checkpoint=ck)
+    with pytest.raises(ckpt.CheckpointError, match=refusal):
+        trainer.save_checkpoint(ck)
+    assert trainer.step_count == 0 and ckpt.resolve(ck).read_bytes() == saved
+    trainer.save_checkpoint(tmp_path / "other")  # elsewhere it saves
+
+
 def test_cli_resume_into_another_models_graphs_names_the_option(tmp_path, capsys):
     """graphc train TANH_ARTS --checkpoint RELU_CK --resume: before, it resumed silently."""
     ck = tmp_path / "ck"

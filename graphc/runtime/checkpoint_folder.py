@@ -120,11 +120,14 @@ def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest],
 
 
 def check_owner(path: PathLike, expected: Mapping[str, Any], replacing: Optional[Path] = None,
-                header: Optional[Header] = None) -> tuple[Path, Optional[Manifest]]:
+                header: Optional[Header] = None,
+                structure: Optional[GraphStructure] = None) -> tuple[Path, Optional[Manifest]]:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
-    ``expected`` (``Manifest.carried()``), naming the first tensor that differs, unless it is the
-    checkpoint file ``replacing`` (resolved: the one a params-only resume started from). A checkpoint
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs, or, where
+    ``structure`` is given (theirs: ``model.structure``), to another model of the same tensors,
+    naming the first difference, unless it is the checkpoint file ``replacing`` (resolved: the one a
+    params-only or ``changed_model`` load read). A checkpoint
     that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
     ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
     folder would hold a checkpoint they cannot read. ``header``: the checkpoint's
@@ -155,6 +158,12 @@ def check_owner(path: PathLike, expected: Mapping[str, Any], replacing: Optional
         if problem is not None:
             raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
                                   "refusing to overwrite it, choose another checkpoint path")
+    saved = header[0].structure if header is not None and not mine else None
+    problem = None if saved is None or structure is None else difference(saved, structure)
+    if problem is not None:
+        raise CheckpointError(f"{path} belongs to another model of the same tensors: {problem}; refusing to "
+                              "overwrite it, choose another checkpoint path (or load it with changed_model=True "
+                              "first, to train it on in these graphs)")
     return target, manifest
 
 

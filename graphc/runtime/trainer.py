@@ -353,7 +353,8 @@ class Trainer:
         self.scheduler_interval = "epoch"
         self._pending_schedule: Optional[dict[str, Any]] = None
         self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
-        self._restarted_from: Optional[Path] = None  # the checkpoint file load_checkpoint(fresh_optimizer=True) read
+        # the checkpoint file load_checkpoint(fresh_optimizer=True) or (changed_model=True) read: saves may replace it
+        self._restarted_from: Optional[Path] = None
         self._structure: Optional[structure.GraphStructure] = None  # of the inference graph, read at the first save
         return resume_from
 
@@ -724,7 +725,8 @@ class Trainer:
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
-            checkpoint_folder.check_owner(checkpoint, self._expected, self._restarted_from)
+            checkpoint_folder.check_owner(checkpoint, self._expected, self._restarted_from,
+                                          structure=self._inference_structure())
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
@@ -1162,7 +1164,8 @@ class Trainer:
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
-        target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from)
+        target, beside = checkpoint_folder.check_owner(path, self._expected, self._restarted_from,
+                                                       structure=self._inference_structure())
         self._tally_skips()
         try:
             with made_folders(target.parent), checkpoint_folder.graphs_beside(
@@ -1203,7 +1206,7 @@ class Trainer:
                                  "starts it afresh: pass one of them")
             return self._restart(path, changed_model)
         tensors, meta = ckpt.load(path)
-        self._restarted_from = None
+        self._restarted_from = ckpt.resolve(path).resolve() if changed_model else None
         resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer,
                                   accumulate=self.accumulate)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
