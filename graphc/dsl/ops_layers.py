@@ -13,15 +13,17 @@ from graphc.dsl.autocast import autocast_op
 from graphc.dsl.autocast_policy import upsample_op
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
-from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, mean, minimum, reshape, reshape_like,
+from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, mean, minimum, reshape, reshape_like,
                             same_dtype, scalar, sigmoid, softmax, sqrt, unary, where)
 from graphc.dsl import activations64
 from graphc.dsl.norms64 import rounds_eps, standardized
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any
 from graphc.dsl.ops_array import chunk
+from graphc.dsl.ops_pool_windows import empty_pool, windows_pool
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.resize_antialias import antialiased, floor_sizes
+from graphc.dsl.resize_nearest import nearest_exact
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import current, op_error, user_source
@@ -124,39 +126,33 @@ def adaptive_pool(op: str, x: Tensor, output_size: Any, nd: int, return_indices:
                   static_dims: bool = False) -> Any:
     """Adaptive ``op`` (AveragePool or MaxPool): output size 1 -> ``Global<op>`` (without
     indices); else an ``op`` whose kernel and stride are input size / output size, where the
-    (static) input size divides evenly: then torch's windows are exactly those. A ``None`` size
-    keeps the input's, on a symbolic dim too unless ``static_dims``."""
+    (static) input size divides evenly: then torch's windows are exactly those; other static sizes
+    pool torch's uneven windows (``ops_pool_windows``). A ``None`` size keeps the input's, on a
+    symbolic dim too unless ``static_dims``."""
     x = lift(x)
     check_rank(op, x, nd + 2)
     sizes = list(output_size) if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
     if len(sizes) != nd:
         raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
     if 0 in sizes:
-        return _empty_pool(x, sizes, return_indices)
+        return empty_pool(x, sizes, return_indices)
     if sizes == [1] * nd and not return_indices:
         y = emit(f"Global{op}", [x])
         return nan_if_any(y, x, list(range(2, nd + 2)), True) if op == "MaxPool" else y
     dims = list(x.shape[2:])
     if not all((isinstance(d, int) or (o is None and not static_dims)) and (o is None or d % o == 0)
                for d, o in zip(dims, sizes)):
-        raise op_error(op, [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
-                       "by the output size", user_source())
+        if not all(isinstance(d, int) for d in dims):
+            raise op_error(op, [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims where they "
+                           "are not multiples of the output size", user_source())
+        return windows_pool(op, x, [d if o is None else o for d, o in zip(dims, sizes)], return_indices)
     kernel = [1 if o is None else d // o for d, o in zip(dims, sizes)]
     return pool(op, x, nd, kernel, None, 0, False, return_indices)
 
 
-def _empty_pool(x: Tensor, sizes: list, return_indices: bool) -> Any:
-    """torch's empty result for a 0 size: each sized dim cut to 1 step (0 where 0), expanded to its size."""
-    axes = [2 + i for i, o in enumerate(sizes) if o is not None]
-    cut = emit("Slice", [x, const_i64([0] * len(axes)), const_i64([int(o != 0) for o in sizes if o is not None]),
-                         const_i64(axes)])
-    y = emit("Expand", [cut, const_i64([1, 1, *(1 if o is None else o for o in sizes)])])
-    return (y, cast(y, "int64")) if return_indices else y
-
-
 @in_float32
 def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
-    """``adaptive_pool`` with AveragePool, as PyTorch computes it where the input size divides evenly."""
+    """``adaptive_pool`` with AveragePool, torch's windows."""
     return adaptive_pool("AveragePool", x, output_size, nd)
 
 
@@ -424,40 +420,49 @@ def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
     return emit("DepthToSpace", [lift(x)], {"blocksize": int(upscale_factor), "mode": "CRD"})
 
 
-_RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "trilinear": "linear",
-                 "bicubic": "cubic"}
+_RESIZE_MODES = {"nearest": "nearest", "nearest-exact": "nearest", "linear": "linear", "bilinear": "linear",
+                 "trilinear": "linear", "bicubic": "cubic"}
+# torch's source index: nearest floor(i / s); nearest-exact floor((i + 0.5) / s), ONNX's half_pixel rounded up
+_NEAREST = {"nearest": ("asymmetric", "floor"), "nearest-exact": ("half_pixel", "round_prefer_ceil")}
 
 
 @autocast_op(named=upsample_op)
 def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False) -> Tensor:
-    """``torch.nn.functional.interpolate`` for modes nearest, (bi/tri)linear and bicubic, by ``size``
-    or ``scale_factor``; ``recompute_scale_factor=True`` resizes to torch's ``floor(n * factor)`` sizes
-    (static spatial dims); ``antialias=True``: torch's antialiased bilinear/bicubic (``resize_antialias``).
-    Signature: ai.onnx@19::Resize"""
+    """``torch.nn.functional.interpolate`` for modes nearest, nearest-exact (``resize_nearest``), (bi/tri)linear,
+    bicubic and area (``adaptive_avg_pool``), by ``size`` or ``scale_factor``; ``recompute_scale_factor=True``
+    resizes to torch's ``floor(n * factor)`` sizes (static spatial dims); ``antialias=True``: torch's antialiased
+    bilinear/bicubic (``resize_antialias``). Signature: ai.onnx@19::Resize"""
     x = lift(x)
     nd = x.ndim - 2
     if recompute_scale_factor and scale_factor is not None:
         if not all(isinstance(n, int) for n in x.shape[2:]):
             raise op_error("Resize", [x], "recompute_scale_factor=True needs static spatial dims", user_source())
         size, scale_factor = floor_sizes(x, _factors(scale_factor, nd)), None
-    if mode not in _RESIZE_MODES:
-        raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted(_RESIZE_MODES)} (at {user_source()})")
+    if mode not in _RESIZE_MODES and mode != "area":
+        raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted([*_RESIZE_MODES, 'area'])} "
+                           f"(at {user_source()})")
     if (size is None) == (scale_factor is None):
         raise CaptureError(f"interpolate takes exactly one of size and scale_factor (at {user_source()})")
+    factors = None if scale_factor is None else _factors(scale_factor, nd)
     if antialias:
-        return antialiased(x, mode, None if size is None else ints(size, nd, "size"),
-                           None if scale_factor is None else _factors(scale_factor, nd), align_corners)
+        return antialiased(x, mode, None if size is None else ints(size, nd, "size"), factors, align_corners)
+    static = ints(size, nd, "size") if factors is None else floor_sizes(x, factors)
+    if mode == "area":  # torch's: adaptive average pooling to the output size
+        if static is None:
+            raise op_error("Resize", [x], "mode='area' with scale_factor needs static spatial dims", user_source())
+        return adaptive_avg_pool(x, static, nd)
+    if mode == "nearest-exact" and static is not None and all(isinstance(n, int) for n in x.shape[2:]):
+        return nearest_exact(x, static, factors)
     attrs: dict[str, Any] = {"mode": _RESIZE_MODES[mode]}
-    if mode == "nearest":
-        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    if mode in _NEAREST:
+        attrs.update(zip(("coordinate_transformation_mode", "nearest_mode"), _NEAREST[mode]))
     else:
         attrs["coordinate_transformation_mode"] = "align_corners" if align_corners else "half_pixel"
         if mode == "bicubic":
             attrs["cubic_coeff_a"] = -0.75
-    if scale_factor is not None:
-        factors = _factors(scale_factor, nd)
+    if factors is not None:
         sizes = _sizes_scales_miss(x, factors)
         if sizes is None:
             return emit("Resize", [x, None, constant(np.asarray([1.0, 1.0, *factors], np.float32))], attrs)
