@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from graphc.dsl.ops_array import ir_tensor, logsumexp, tril
 from graphc.dsl.ops_views import repeat_interleave
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
+from graphc.errors import CaptureError
 
 __all__ = ["attend", "causal_mask", "scaled_dot_product_attention"]
 
@@ -32,6 +34,20 @@ def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
     return tril(ones)
 
 
+def head_groups(op: str, hq: Any, hk: Any, enable_gqa: bool) -> int:
+    """How many of the ``hq`` query heads share each of the ``hk`` key/value heads (grouped-query attention):
+    1 where they are equal or unknown; else ``enable_gqa`` must be set and ``hq`` a static multiple of ``hk``."""
+    if None in (hq, hk) or hq == hk:
+        return 1
+    if not enable_gqa:
+        raise CaptureError(f"{op}: query has {hq} heads and key {hk}; set enable_gqa=True for grouped-query "
+                           f"attention (at {user_source()})")
+    if not (isinstance(hq, int) and isinstance(hk, int) and hq % hk == 0):
+        raise CaptureError(f"{op}: enable_gqa needs the query heads ({hq}) to be a static multiple of the key heads "
+                           f"({hk}) (at {user_source()})")
+    return hq // hk
+
+
 def attend(query: Tensor, key: Tensor, value: Tensor, scale: float | None, *, attn_mask: Tensor | None = None,
            is_causal: bool = False, score_mod: Callable[[Tensor], Tensor] | None = None, groups: int = 1,
            dropout_p: float = 0.0, training: bool = False, return_lse: bool = False, op: str = "Attention"
@@ -40,7 +56,7 @@ def attend(query: Tensor, key: Tensor, value: Tensor, scale: float | None, *, at
     ``return_lse`` the scores' natural logsumexp over the keys ``[..., L]`` (-inf on a fully masked
     row). ``scale`` None is ``1/sqrt(E)``; ``attn_mask`` is bool (true: attend) or added to the
     scores; ``score_mod`` maps the scaled scores to scores of the same shape; ``groups`` > 1 repeats
-    each key and value head for that many query heads (grouped-query attention, dim 1 of 4-D inputs).
+    each key and value head for that many query heads (grouped-query attention, the heads on dim -3).
     ``op`` names the caller in errors."""
     from graphc.dsl.ops_nn import dropout
 
@@ -55,7 +71,7 @@ def attend(query: Tensor, key: Tensor, value: Tensor, scale: float | None, *, at
         inputs = [query, key, value] + ([lift(attn_mask)] if attn_mask is not None else [])
         return emit("Attention", inputs, {"is_causal": int(bool(is_causal)), "scale": scale})
     if groups > 1:
-        key, value = repeat_interleave(key, groups, 1), repeat_interleave(value, groups, 1)
+        key, value = repeat_interleave(key, groups, key.ndim - 3), repeat_interleave(value, groups, value.ndim - 3)
     key_t = transpose(key, list(range(key.ndim - 2)) + [key.ndim - 1, key.ndim - 2])
     scores = matmul(query * scalar(scale, query), key_t)
     if score_mod is not None:
@@ -85,12 +101,19 @@ def attend(query: Tensor, key: Tensor, value: Tensor, scale: float | None, *, at
 @in_float32
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                                 training: bool = False) -> Tensor:
+                                 training: bool = False, enable_gqa: bool = False) -> Tensor:
     """``softmax(q k^T * scale + mask) v`` over ``[..., L, E]`` inputs; ``attn_mask`` is bool
-    (true: attend) or added to the scores; ``is_causal`` masks keys after each query. The ONNX
-    ``Attention`` op for 4-D inputs from opset 23, its decomposition before. ``dropout_p`` applies
-    when ``training`` (PyTorch's functional form always drops; a module passes ``self.training``)."""
+    (true: attend) or added to the scores; ``is_causal`` masks keys after each query; ``enable_gqa``: each
+    key/value head (dim -3) serves ``Hq / Hk`` query heads, as torch's. The ONNX ``Attention`` op for 4-D
+    inputs from opset 23, its decomposition before. ``dropout_p`` applies when ``training`` (PyTorch's
+    functional form always drops; a module passes ``self.training``)."""
     query = lift(query)
     key, value = lift(key, query), lift(value, query)
+    groups = 1
+    if enable_gqa and min(t.ndim for t in (query, key, value)) >= 3:
+        if key.shape[-3] != value.shape[-3]:
+            raise op_error("Attention", [query, key, value], f"enable_gqa needs key and value to have the same heads "
+                           f"(dim -3), got {key.shape[-3]} and {value.shape[-3]}", user_source())
+        groups = head_groups("scaled_dot_product_attention", query.shape[-3], key.shape[-3], True)
     return attend(query, key, value, scale, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                  training=training)
+                  training=training, groups=groups)

@@ -18,7 +18,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import user_source
 from graphc.dsl.devices import check_device
 from graphc.dsl.ops_array import arange, dim_positions, full
-from graphc.dsl.ops_attention import attend
+from graphc.dsl.ops_attention import attend, head_groups
 from graphc.dsl.ops_elementwise import isneginf
 from graphc.dsl.ops_math import logical_not
 from graphc.dsl.tensor import Tensor
@@ -190,15 +190,7 @@ def _groups(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> int:
                        ("batch sizes of key and value", bk, bv), ("heads of key and value", hk, hv)):
         if None not in (a, b) and a != b:
             raise _refuse("flex_attention", f"the {what} differ: {a} vs {b}")
-    if None in (hq, hk) or hq == hk:
-        return 1
-    if not enable_gqa:
-        raise _refuse("flex_attention", f"query has {hq} heads and key {hk}; set enable_gqa=True for grouped-query "
-                                        "attention")
-    if not (isinstance(hq, int) and isinstance(hk, int) and hq % hk == 0):
-        raise _refuse("flex_attention", f"enable_gqa needs the query heads ({hq}) to be a static multiple of the "
-                                        f"key heads ({hk})")
-    return hq // hk
+    return head_groups("flex_attention", hq, hk, enable_gqa)
 
 
 def _check_block_mask(block_mask: Any, shape: list) -> None:
