@@ -1,6 +1,7 @@
 """``F.scaled_dot_product_attention(..., enable_gqa=True)`` (grouped-query attention, as Llama-style models call
 it: fewer key/value heads than query heads) against torch: float64 values and ``gc.grad`` gradients of query,
-key and value to 1e-10 on the numpy and ort-cpu backends, float32 at opset 23 (the ONNX Attention op), and the refusals."""
+key and value to 1e-10 on the numpy and ort-cpu backends, float32 at opset 23 (the ONNX Attention op), and the
+refusals."""
 
 from __future__ import annotations
 

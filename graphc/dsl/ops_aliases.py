@@ -22,10 +22,10 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ctc import ctc_loss as _ctc_loss
 from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance, pdist
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, avg_pool1d, celu, conv1d, conv3d, conv_transpose1d,
-                                   conv_transpose2d, conv_transpose3d, hardshrink, max_pool1d, pixel_shuffle, prelu,
+                                   conv_transpose2d, conv_transpose3d, hardshrink, max_pool1d, prelu,
                                    rms_norm, selu, threshold)
 from graphc.dsl.ops_pool import max_pool1d_with_indices, max_pool3d
-from graphc.dsl.ops_spatial import channel_shuffle, pixel_unshuffle
+from graphc.dsl.ops_spatial import channel_shuffle, pixel_shuffle, pixel_unshuffle
 from graphc.dsl.inplace import in_place, method_in_place, reshaped_in_place, write
 from graphc.dsl.losses import bce_with_logits, kl_div as _kl_div, poisson_nll
 from graphc.dsl.losses_margin import cosine_embedding, hinge_embedding, margin_ranking, triplet_margin

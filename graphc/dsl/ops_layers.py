@@ -1,6 +1,6 @@
 """The functional forms of the ``gc.nn`` layers beyond ``ops_nn`` (``torch.nn.functional`` names
 and signatures): 1-D/3-D and transposed convolutions, 1-D and adaptive pooling, group/instance/RMS
-norm, the activations, ``pixel_shuffle`` and ``interpolate`` (attention: ``ops_attention``).
+norm, the activations and ``interpolate`` (attention: ``ops_attention``).
 Each is standard ONNX ops; ops newer than the capture's opset are written out in older ones."""
 
 from __future__ import annotations
@@ -415,11 +415,6 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
 # -- resampling -------------------------------------------------------------------------------
 
 
-def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
-    """``[N, C r^2, H, W] -> [N, C, H r, W r]``. Signature: ai.onnx@13::DepthToSpace (CRD)"""
-    return emit("DepthToSpace", [lift(x)], {"blocksize": int(upscale_factor), "mode": "CRD"})
-
-
 _RESIZE_MODES = {"nearest": "nearest", "nearest-exact": "nearest", "linear": "linear", "bilinear": "linear",
                  "trilinear": "linear", "bicubic": "cubic"}
 # torch's source index: nearest floor(i / s); nearest-exact floor((i + 0.5) / s), ONNX's half_pixel rounded up
@@ -493,7 +488,7 @@ def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
 __all__ = [
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "celu", "conv1d", "conv3d",
     "conv_transpose1d", "conv_transpose2d", "elu", "glu", "group_norm", "hardshrink", "hardsigmoid", "hardswish",
-    "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish", "pixel_shuffle",
+    "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish",
     "prelu", "relu6", "rms_norm", "selu", "silu", "softmin", "softplus", "softshrink",
     "softsign", "tanhshrink", "threshold", "conv_transpose3d", "pool",
 ]

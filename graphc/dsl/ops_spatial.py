@@ -1,5 +1,5 @@
 """Spatial rearranging and resampling functions of ``torch.nn.functional`` beyond ``ops_layers``:
-``pixel_unshuffle``, ``channel_shuffle``, ``upsample``/``upsample_nearest``/``upsample_bilinear``,
+``pixel_shuffle``, ``pixel_unshuffle``, ``channel_shuffle``, ``upsample``/``upsample_nearest``/``upsample_bilinear``,
 ``affine_grid`` and ``grid_sample``. Each is standard ONNX ops with gradient rules (Reshape,
 Transpose, Resize, MatMul, GridSample)."""
 
@@ -17,6 +17,26 @@ from graphc.dsl.ops_layers import interpolate
 from graphc.dsl.ops_nn import positive_int
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+
+
+def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
+    """``[*, C r^2, H, W] -> [*, C, H r, W r]`` (pixel ``(h r + i, w r + j)`` of channel ``c`` from channel
+    ``c r^2 + i r + j``): DepthToSpace (CRD) for 4-D inputs; other ranks, static C, H, W, as
+    ``pixel_unshuffle`` backwards. Signature: ai.onnx@13::DepthToSpace (CRD)"""
+    r = positive_int("pixel_shuffle", "upscale_factor", upscale_factor)
+    x = lift(x)
+    if x.ndim == 4:
+        return emit("DepthToSpace", [x], {"blocksize": r, "mode": "CRD"})
+    if x.shape is None or x.ndim < 3:
+        raise op_error("DepthToSpace", [x], "pixel_shuffle expects an input of rank 3 or more (*, C, H, W)",
+                       user_source())
+    lead, (c, h, w) = list(x.shape[:-3]), [static_dim(x, d, "DepthToSpace") for d in (-3, -2, -1)]
+    if c % (r * r):
+        raise op_error("DepthToSpace", [x], f"pixel_shuffle expects the channels ({c}) to divide by "
+                       f"upscale_factor**2={r * r}", user_source())
+    k = len(lead)
+    blocks = transpose(reshape(x, [*lead, c // (r * r), r, r, h, w]), [*range(k), k, k + 3, k + 1, k + 4, k + 2])
+    return reshape(blocks, [*lead, c // (r * r), h * r, w * r])
 
 
 def pixel_unshuffle(x: Tensor, downscale_factor: int) -> Tensor:
@@ -131,5 +151,5 @@ def grid_sample(x: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: s
     return emit("GridSample", [x, grid], attrs)
 
 
-__all__ = ["affine_grid", "channel_shuffle", "grid_sample", "pixel_unshuffle", "upsample", "upsample_bilinear",
-           "upsample_nearest"]
+__all__ = ["affine_grid", "channel_shuffle", "grid_sample", "pixel_shuffle", "pixel_unshuffle", "upsample",
+           "upsample_bilinear", "upsample_nearest"]

@@ -27,7 +27,7 @@ from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, inde
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, conv_transpose3d, elu, glu, group_norm,
                                    hardshrink, hardsigmoid, hardswish, hardtanh, interpolate, leaky_relu, logsigmoid,
-                                   max_pool1d, mish, pixel_shuffle, prelu, relu6, rms_norm, selu, silu, softplus,
+                                   max_pool1d, mish, prelu, relu6, rms_norm, selu, silu, softplus,
                                    softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_attention import scaled_dot_product_attention
 from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool1d_with_indices,
@@ -35,8 +35,8 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
                                  adaptive_max_pool3d_with_indices, avg_pool3d, local_response_norm, lp_pool1d,
                                  lp_pool2d, lp_pool3d, max_pool1d_with_indices, max_pool2d_with_indices, max_pool3d,
                                  max_pool3d_with_indices, max_unpool1d, max_unpool2d, max_unpool3d)
-from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
-                                    upsample_bilinear, upsample_nearest)
+from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_shuffle, pixel_unshuffle,
+                                    upsample, upsample_bilinear, upsample_nearest)
 from graphc.dsl import ops_aliases
 from graphc.dsl.ops_aliases import native_channel_shuffle
 from graphc.dsl.ops_fractional import (fractional_max_pool2d, fractional_max_pool2d_with_indices,

@@ -50,7 +50,7 @@ class PixelShuffle(Module):
         self.upscale_factor = upscale_factor
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.pixel_shuffle(x, self.upscale_factor)
+        return ops_spatial.pixel_shuffle(x, self.upscale_factor)
 
     def extra_repr(self) -> str:
         return f"upscale_factor={self.upscale_factor}"
