@@ -13,7 +13,7 @@ import numpy as np
 
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, squeeze,
+from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, squeeze, stack,
                             unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
@@ -24,12 +24,15 @@ from graphc.dsl.ops_eigen import eigh, eigvalsh, svd, svdvals
 from graphc.dsl.linalg_ex import cholesky_ex, inv_ex, lu_factor_ex, solve_ex
 from graphc.dsl.linalg_householder import householder_product, reflectors
 from graphc.dsl.linalg_ldl import ldl_factor, ldl_factor_ex, ldl_solve
+from graphc.dsl.ops_array import static_dim
+from graphc.dsl.ops_factories import powers
 from graphc.dsl.ops_math import amax, amin
 from graphc.dsl.ops_math import norm as _norm
 from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_solve, mask, matrix_dims, matrix_exp,
                                   matrix_power, right_hand_side, solve, solve_triangular)
 from graphc.dsl.ops_views import movedim, narrow, swap_last
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
 
@@ -290,11 +293,23 @@ def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
     return reshape(x, list(x_shape))
 
 
+def vander(x: Any, *, N: int | None = None) -> Tensor:  # noqa: N803 - torch's name
+    """``torch.linalg.vander``: ``[*, n] -> [*, n, N]``, column ``j`` holding ``x ** j`` (``ops_factories.powers``);
+    ``N`` (default ``n``, static) at least 2 and integer ``x`` giving int64, as torch's."""
+    x = lift(x)
+    if x.dtype not in FLOAT_DTYPES and (x.dtype == "bool" or not str(x.dtype).startswith(("int", "uint"))):
+        raise op_error("Mul", [x], f"linalg.vander takes float or integer tensors, got {x.dtype}", user_source())
+    n = N if N is not None else static_dim(x, -1, "linalg.vander") if x.ndim else 1
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise CaptureError(f"linalg.vander: N must be greater than 1, got {n!r} (at {user_source()})")
+    return stack(powers(x if x.dtype in FLOAT_DTYPES else cast(x, "int64"), int(n)), -1)
+
+
 __all__ = [
     "QR", "Lstsq", "cholesky", "cholesky_ex", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "inv_ex",
     "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank",
     "multi_dot", "norm", "pinv", "qr", "slogdet", "solve", "solve_ex", "solve_triangular", "svd", "svdvals",
-    "tensorinv", "tensorsolve", "vecdot", "vector_norm",
+    "tensorinv", "tensorsolve", "vander", "vecdot", "vector_norm",
 ]
 __all__ += ["ldl_factor", "ldl_factor_ex", "ldl_solve"]  # from linalg_ldl
 __all__ += ["householder_product"]  # from linalg_householder

@@ -282,10 +282,16 @@ def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:
         x = cast(x, "int64")
     if n == 0:
         return full((static_dim(x, 0, "vander"), 0), 0, x.dtype)
+    columns = powers(x, n)
+    return stack(columns if increasing else columns[::-1], 1)
+
+
+def powers(x: Tensor, n: int) -> list[Tensor]:
+    """``x ** 0 .. x ** (n - 1)``, each power the last one times ``x`` (torch's cumprod, its gradient too)."""
     columns = [full_like(x, 1)]
     while len(columns) < n:
         columns.append(x if len(columns) == 1 else columns[-1] * x)
-    return stack(columns if increasing else columns[::-1], 1)
+    return columns
 
 
 def unravel_index(indices: Any, shape: Any) -> tuple[Tensor, ...]:

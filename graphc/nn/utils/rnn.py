@@ -21,8 +21,8 @@ from graphc.dsl.ops_reshape import unbind
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
-__all__ = ["PackedSequence", "pack_padded_sequence", "pack_sequence", "pad_packed_sequence", "pad_sequence",
-           "unpack_sequence", "unpad_sequence"]
+__all__ = ["PackedSequence", "invert_permutation", "pack_padded_sequence", "pack_sequence", "pad_packed_sequence",
+           "pad_sequence", "unpack_sequence", "unpad_sequence"]
 
 
 class PackedSequence:
@@ -56,7 +56,7 @@ class PackedSequence:
             return None
         if self.static_lengths is not None:
             return ops.const_i64(np.argsort(np.argsort(-np.asarray(self.static_lengths), kind="stable")))
-        return ops.emit("ScatterElements", [order, order, dim_positions(order, 0)], {"axis": 0})
+        return invert_permutation(order)
 
     def _sorted(self) -> tuple[Tensor, Tensor]:
         """``(padded, lengths)`` with the batch in ``sorted_indices``' order."""
@@ -81,6 +81,19 @@ class PackedSequence:
             return ops.const_i64((steps < np.asarray(self.static_lengths)).sum(axis=1))
         counts = ops.sum(ops.cast(_valid(self.padded, self.lengths), "int64"), axis=1)
         return _first_steps(counts, self.lengths, self.static_lengths)
+
+
+def invert_permutation(permutation: Any) -> Tensor | None:
+    """torch's: the inverse of the 1-D ``permutation`` (``out[permutation[i]] = i``, int64, a ScatterElements);
+    None for None."""
+    if permutation is None:
+        return None
+    p = ops.lift(permutation)
+    if p.ndim != 1 or p.dtype == "bool" or not str(p.dtype).startswith(("int", "uint")):
+        raise op_error("ScatterElements", [p], f"invert_permutation takes a 1-D integer permutation, got "
+                       f"{p.dtype} of rank {p.ndim}", user_source())
+    p = ops.cast(p, "int64")
+    return ops.emit("ScatterElements", [p, p, dim_positions(p, 0)], {"axis": 0})
 
 
 def _valid(padded: Tensor, lengths: Tensor) -> Tensor:
