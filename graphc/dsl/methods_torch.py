@@ -155,6 +155,7 @@ METHODS = {
     "contiguous": lambda a: a if is_contiguous(a) else ops_reshape.clone(a),
     "float": lambda a: ops.cast(a, "float32"), "double": lambda a: ops.cast(a, "float64"),
     "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
+    "cfloat": lambda a: ops.cast(a, "complex64"), "cdouble": lambda a: ops.cast(a, "complex128"),
     "int": lambda a: ops.cast(a, "int32"), "bool": lambda a: ops.cast(a, "bool"),
     "type_as": lambda a, other: ops.cast(a, other.dtype),
     "matmul": ops.matmul, "mm": ops_linalg.mm, "bmm": ops_linalg.bmm,
