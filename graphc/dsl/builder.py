@@ -407,7 +407,8 @@ class Outside(Builder):
 
     def emit(self, *args: Any, **kwargs: Any) -> list[ir.Value]:
         outs = super().emit(*args, **kwargs)
-        self.scope.nodes.clear()
+        if len(self.scopes) == 1:  # a control-flow body's nodes make its graph
+            self.scope.nodes.clear()
         for value in outs:
             value.meta[_OUTSIDE_KEY] = True
             weakref.finalize(value, lambda key, kept=(self.values, self.consts): [d.pop(key, None) for d in kept],

@@ -264,7 +264,30 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     a, b = operand_pair(a, b, wraps=op != "Pow" or isinstance(b, Tensor))  # torch's pow(Tensor, Scalar) refuses
     if a.dtype == "bool":
         return _of_bools(op, a, b, bool_power)
+    if op == "Pow" and a.dtype in ("int8", "int16", "uint8"):
+        return _narrow_power(a, b)
     return emit(op, [a, b])
+
+
+def _narrow_power(a: Tensor, b: Tensor) -> Tensor:
+    """``a ** b`` of int8/int16/uint8 Tensors (ONNX Pow has no kernel for them) as torch's, wrapping as C:
+    square and multiply in int32, each product wrapped back to the dtype; a negative power is 1 of base 1,
+    +-1 of base -1 and 0 of the others. As many steps as the exponent's bits (a constant's, else the dtype's)."""
+    known = current().consts.get(id(b.value))
+    bits = np.iinfo(to_numpy(a.dtype)).bits - (a.dtype != "uint8")
+    if known is not None:
+        bits = int(np.abs(known.astype(np.int64)).max(initial=0)).bit_length()
+    wrap = lambda t: cast(cast(t, a.dtype), "int32")  # noqa: E731
+    base, power = cast(a, "int32"), cast(b, "int32")
+    one, two = constant(np.asarray(1, np.int32)), constant(np.asarray(2, np.int32))
+    out = base * 0 + power * 0 + one  # the broadcast shape
+    left = unary("Abs", power)
+    for step in range(bits):
+        out = where(emit("Mod", [left, two]) == one, wrap(out * base), out)
+        if step + 1 < bits:
+            base, left = wrap(base * base), emit("Div", [left, two])
+    out = where((power < 0) & (unary("Abs", cast(a, "int32")) != one), out * 0, out)
+    return cast(out, a.dtype)
 
 
 _BOOL_OPS = {"Add": "Or", "Max": "Or", "Mul": "And", "Min": "And"}

@@ -1,0 +1,81 @@
+"""Mixes torch computes that graphc refused before: powers of int8/int16/uint8 Tensors (ONNX Pow has no kernel
+for them; torch wraps as C), gcd/lcm and other control-flow ops outside a capture (a bool Tensor beside an
+integer one), 0-D Tensor fill values, and writes of a Tensor of another dtype where torch casts it. Values
+and dtypes against torch 2.13 on the numpy and ort-cpu backends, bit for bit; where torch refuses, graphc's
+error names both dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+BACKENDS = ("numpy", "ort-cpu")
+
+
+def _ints(dtype, shape, low=None):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min if low is None else low, int(info.max) + 1, shape).astype(dtype)
+
+
+def _run_both(fn, feeds):
+    """``fn`` captured on ``feeds`` and run on each backend: {backend: outputs}."""
+    model = gc.capture(fn, **{k: gc.spec(str(v.dtype), v.shape) for k, v in feeds.items()})
+    return {backend: gc.Session(model, backend=backend).run(feeds) for backend in BACKENDS}
+
+
+def _assert_torchs(got, want):
+    want = want.numpy()
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+# name -> fn(M, a, b) of two Tensors of one narrow integer dtype (b's values small, some negative)
+POWERS = {
+    "a ** b": lambda M, a, b: a ** b, "pow(a, b[0])": lambda M, a, b: M.pow(a, b[0]),
+    "a ** 3": lambda M, a, b: a ** 3, "a ** 100": lambda M, a, b: a.pow(100), "a ** 0": lambda M, a, b: a ** 0,
+    "7 ** b": lambda M, a, b: 7 ** b, "300 ** b": lambda M, a, b: 300 ** b if a.dtype != M.uint8 else 44 ** b,
+    "bool ** b": lambda M, a, b: (a > 0) ** b, "a ** a": lambda M, a, b: a ** a,
+}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint8"])
+@pytest.mark.parametrize("case", sorted(POWERS))
+def test_narrow_integer_powers_wrap_as_torchs(case, dtype):
+    a = _ints(dtype, (64,))
+    a[:6] = [0, 1, 2, 3, 5, 7]
+    if dtype != "uint8":
+        a[6:8] = [-1, np.iinfo(dtype).min]
+    b = RNG.integers(0 if dtype == "uint8" else -3, 20, (64,)).astype(dtype)
+    want = POWERS[case](torch, torch.from_numpy(a), torch.from_numpy(b))
+    for backend, got in _run_both(lambda a, b: POWERS[case](gc, a, b), {"a": a, "b": b}).items():
+        _assert_torchs(got["output"], want)
+    _assert_torchs(np.asarray(POWERS[case](gc, gc.tensor(a), gc.tensor(b)).numpy()), want)  # outside a capture
+
+
+# name -> fn(M, i, j) of an int8 Tensor i [6] and an int32 j [6] (both nonzero-free of |INT_MIN|)
+NUMBER_THEORY = {
+    "gcd(bool, int8)": lambda M, i, j: M.gcd(i > 0, i), "lcm(int8, bool)": lambda M, i, j: M.lcm(i, j > 0),
+    "gcd(bool, int32)": lambda M, i, j: (j > 0).gcd(j), "gcd(int8, int32)": lambda M, i, j: M.gcd(i, j),
+    "lcm(int32, int32)": lambda M, i, j: M.lcm(j, j + 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUMBER_THEORY))
+def test_gcd_and_lcm_outside_a_capture_are_torchs(case):
+    """Outside a capture each node was evaluated and dropped, a gc.fori_loop body's too: its Loop had no body."""
+    i = np.array([-6, 0, 4, 9, 12, -7], np.int8)
+    j = np.array([4, 6, 0, -15, 18, 21], np.int32)
+    want = NUMBER_THEORY[case](torch, torch.from_numpy(i), torch.from_numpy(j))
+    _assert_torchs(np.asarray(NUMBER_THEORY[case](gc, gc.tensor(i), gc.tensor(j)).numpy()), want)
+    for backend, got in _run_both(lambda i, j: NUMBER_THEORY[case](gc, i, j), {"i": i, "j": j}).items():
+        _assert_torchs(got["output"], want)
+
+
+def test_a_loop_outside_a_capture_runs_its_body():
+    out = gc.fori_loop(0, 3, lambda k, c: c * 2 + k, gc.tensor(np.array([1, 2], np.int32)))
+    np.testing.assert_array_equal(out.numpy(), [12, 20])  # ((c * 2) * 2 + 1) * 2 + 2
