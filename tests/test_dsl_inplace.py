@@ -196,7 +196,7 @@ def _expand_write(x):
     (_use_stale, r"view of a tensor that changed.*written in place at .*test_dsl_inplace.py:\d+.*clone"),
     (_expand_write, r"view made by expand.*clone"),
     (lambda x: x.sum(0).add_(x), r"shape \(4, 5, 6\) is not the written tensor's \(5, 6\)"),
-    (lambda x: x.__setitem__(0, x.astype("float64")[0]), r"dtype mismatch float32 vs float64"),
+    (lambda x: x.__setitem__([0], x.astype("float64")[:1]), r"dtype mismatch float32 vs float64"),  # index_put_'s
     (lambda x: x.__setitem__(0, x[:2]), r"value of shape \[2, 5, 6\] cannot be written into .* \[5, 6\]"),
     (lambda x: x.long().div_(2), r"dtype float32 can't be cast to the written tensor's int64"),
 ], ids=["stale_view", "expand", "broadcast_add_", "dtype", "value_shape", "int_div_"])

@@ -79,3 +79,93 @@ def test_gcd_and_lcm_outside_a_capture_are_torchs(case):
 def test_a_loop_outside_a_capture_runs_its_body():
     out = gc.fori_loop(0, 3, lambda k, c: c * 2 + k, gc.tensor(np.array([1, 2], np.int32)))
     np.testing.assert_array_equal(out.numpy(), [12, 20])  # ((c * 2) * 2 + 1) * 2 + 2
+
+
+# name -> fn(M, x, v) of an int8 x [2, 3] and a 0-D Tensor v (fill values torch reads as numbers)
+FILLS = {
+    "full_like": lambda M, x, v: M.full_like(x, v), "full_like float64": lambda M, x, v: M.full_like(x, v, dtype=M.float64),
+    "new_full": lambda M, x, v: x.new_full((2, 2), v), "full": lambda M, x, v: M.full((3,), v),
+    "fill_": lambda M, x, v: x.clone().fill_(v), "masked_fill": lambda M, x, v: x.masked_fill(x > 0, v),
+}
+
+
+@pytest.mark.parametrize("value", [np.array(-2.75), np.array(True), np.array(-5, np.int32), np.array(1.5, np.float16)],
+                         ids=lambda v: str(v.dtype))
+@pytest.mark.parametrize("case", sorted(FILLS))
+def test_a_0d_tensor_fill_value_is_torchs(case, value):
+    x = np.array([[1, -2, 3], [0, 5, -6]], np.int8)
+    want = FILLS[case](torch, torch.from_numpy(x), torch.from_numpy(value))
+    _assert_torchs(np.asarray(FILLS[case](gc, gc.tensor(x), gc.tensor(value)).numpy()), want)
+    for backend, got in _run_both(lambda x, v: FILLS[case](gc, x, v), {"x": x, "v": value}).items():
+        _assert_torchs(got["output"], want)
+
+
+@pytest.mark.parametrize("case", sorted(FILLS))
+def test_a_0d_fill_value_out_of_range_is_refused_where_torch_refuses_it(case):
+    """torch reads the value as a number and checks it against int8 in full_like, new_full and masked_fill;
+    fill_ casts it (wraps), full and a float64 full_like do not narrow it."""
+    x, value = np.zeros((2, 3), np.int8), np.array(300)
+    try:
+        want = FILLS[case](torch, torch.from_numpy(x), torch.from_numpy(value))
+    except RuntimeError as exc:
+        assert "without overflow" in str(exc)
+        with pytest.raises(gc.CaptureError, match="300 does not fit in int8"):
+            FILLS[case](gc, gc.tensor(x), gc.tensor(value))
+        return
+    assert case in ("fill_", "full", "full_like float64")
+    _assert_torchs(np.asarray(FILLS[case](gc, gc.tensor(x), gc.tensor(value)).numpy()), want)
+
+
+def _write(index, value_of):
+    """``fn(M, x, v)``: a clone of ``x`` with ``[index(M, x)] = value_of(v)`` written."""
+    def fn(M, x, v):
+        x = x.clone()
+        x[index(M, x)] = value_of(v)
+        return x
+    return fn
+
+
+# name -> fn(M, x, v) of an int32 x [2, 3] and a float64 v [3]: writes torch casts (copy_, masked_fill_)
+WRITES = {
+    "x[0] = v": _write(lambda M, x: 0, lambda v: v), "x[:, 1] = v[:2]": _write(lambda M, x: (slice(None), 1),
+                                                                              lambda v: v[:2]),
+    "x[...] = v": _write(lambda M, x: Ellipsis, lambda v: v), "x[0, 2] = v[1]": _write(lambda M, x: (0, 2),
+                                                                                      lambda v: v[1]),
+    "x[mask] = v[0]": _write(lambda M, x: x > 1, lambda v: v[0]), "x[mask] = v[:1]": _write(lambda M, x: x > 1,
+                                                                                           lambda v: v[:1]),
+    "x[mask] = bool": _write(lambda M, x: x > 1, lambda v: v[0] > 0),
+    "x[None, 1] = v": _write(lambda M, x: (None, 1), lambda v: v),
+    "copy_(v)": lambda M, x, v: x.clone().copy_(v), "copy_(300)": lambda M, x, v: x.clone().copy_(2 ** 40 + 3),
+    "copy_(2.75)": lambda M, x, v: x.clone().copy_(-2.75), "masked_fill_(v[0])": lambda M, x, v: x.clone().masked_fill_(
+        x > 1, v[0]),
+    "index_put_(mask, v[0])": lambda M, x, v: x.clone().index_put_((x > 1,), v[0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITES))
+def test_writes_torch_casts_are_torchs(case):
+    x = np.array([[1, -2, 3], [0, 5, -6]], np.int32)
+    v = np.array([-2.75, 7.5, 1e3])
+    want = WRITES[case](torch, torch.from_numpy(x), torch.from_numpy(v))
+    _assert_torchs(np.asarray(WRITES[case](gc, gc.tensor(x), gc.tensor(v)).numpy()), want)
+    for backend, got in _run_both(lambda x, v: WRITES[case](gc, x, v), {"x": x, "v": v}).items():
+        _assert_torchs(got["output"], want)
+
+
+# writes torch's index_put_ refuses: the source's dtype is not the destination's
+REFUSED = {
+    "x[idx] = v": _write(lambda M, x: M.tensor([1, 0]) if M is torch else gc.tensor(np.array([1, 0])), lambda v: v),
+    "x[mask] = v (rows)": _write(lambda M, x: x[:, 0] > 0, lambda v: v),
+    "x[[0], 1:] = v[:2]": _write(lambda M, x: ([0], slice(1, None)), lambda v: v[:2]),
+    "index_put_(idx, v)": lambda M, x, v: x.clone().index_put_(((x[0] > 0).long(),), v),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_writes_torch_refuses_name_both_dtypes(case):
+    x = np.array([[1, -2, 3], [0, 5, -6]], np.int32)
+    v = np.array([-2.75, 7.5, 1e3])
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        REFUSED[case](torch, torch.from_numpy(x), torch.from_numpy(v))
+    with pytest.raises(gc.CaptureError, match="int32 vs float64"):
+        REFUSED[case](gc, gc.tensor(x), gc.tensor(v))

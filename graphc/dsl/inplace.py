@@ -25,7 +25,7 @@ import numpy as np
 from graphc.dsl import ops, ops_array, ops_divide, ops_views
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.indexing import getitem
-from graphc.dsl.promotion import can_cast
+from graphc.dsl.promotion import can_cast, number_dtype
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
@@ -35,10 +35,14 @@ from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:
     """``x[index] = value`` as torch writes it: ``value`` (a Python number or array takes ``x``'s
-    dtype; a Tensor must have it) broadcast to ``x[index]``'s shape. Any index ``x[index]`` reads:
-    a bool mask over leading axes with a value that broadcasts to the trailing ones is a Where,
-    everything else a ScatterND into the positions the same index picks from ``x``'s flat iota."""
-    v = _as_value(x, value)
+    dtype; a Tensor of another dtype is cast where torch casts it: ``_casts``) broadcast to ``x[index]``'s
+    shape. Any index ``x[index]`` reads: a bool mask over leading axes with a value that broadcasts to the
+    trailing ones is a Where, everything else a ScatterND into the positions the same index picks from
+    ``x``'s flat iota."""
+    advanced = _advanced(index)
+    v = _as_value(x, value, cast=not advanced or _masked_fill(advanced, value))
+    if advanced and isinstance(value, Tensor) and value.eager_value is not None and value.dtype != x.dtype:
+        ops.in_range(x.dtype, value.eager_value)  # torch's masked_fill_ reads a number, checks its range
     mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
     if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= x.ndim - mask.ndim:
         ops.broadcast_shape("Where", x, mask)
@@ -46,6 +50,21 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
         write(x, ops.where(mask, v, x))
     else:
         write(x, _put(x, lambda positions: getitem(positions, index), v))
+
+
+def _advanced(index: Any) -> list:
+    """The items of ``index`` torch indexes by ``index_put_`` (arrays, lists, Tensors other than a 0-D integer
+    one): without them ``x[index] = value`` is its ``copy_``, which casts a Tensor ``value`` of another dtype."""
+    items = index if isinstance(index, tuple) else (index,)
+    return [i for i in items if isinstance(i, (list, np.ndarray)) or isinstance(i, Tensor) and (
+        i.ndim or i.dtype in ("bool", "uint8"))]
+
+
+def _masked_fill(advanced: list, value: Any) -> bool:
+    """Whether torch's ``index_put_`` by the ``advanced`` items is its ``masked_fill_`` (one bool mask, a
+    one-element Tensor ``value``), which casts ``value``; otherwise it requires ``x``'s dtype."""
+    one = isinstance(value, Tensor) and value.shape is not None and all(d == 1 for d in value.shape)
+    return one and len(advanced) == 1 and getattr(advanced[0], "dtype", None) == "bool"
 
 
 def write(t: Tensor, new: Any) -> Tensor:
@@ -279,9 +298,12 @@ def _fill(t: Tensor, value: Any) -> Tensor:
     return ops_views.expand_as(_as_value(t, value, cast=True), t)
 
 
-def _copy(t: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
+def _copy(t: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
+    """``t.copy_(src)``: a Python number is torch's wrapped number (int64, float64, bool), cast as a Tensor is."""
+    if number_dtype(src) is not None:
+        src = ops.constant(np.asarray(src))
     if not isinstance(src, Tensor):
-        raise CaptureError(f"copy_ takes a Tensor src, got {type(src).__name__} (at {user_source()})")
+        raise CaptureError(f"copy_ takes a Tensor or a number src, got {type(src).__name__} (at {user_source()})")
     return _broadcast_to(_as_value(t, src, cast=True), t, t)
 
 

@@ -24,6 +24,7 @@ from graphc.dsl.dim_sizes import dim_length, sized
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_einsum import einsum
+from graphc.dsl.promotion import kind
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
@@ -77,6 +78,8 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     if not isinstance(value, Tensor):
         in_range(x.dtype, value)
         value = lift(value, x)
+    elif value.eager_value is not None and value.dtype != x.dtype:
+        in_range(x.dtype, value.eager_value)  # torch reads a 0-D value as a number, checked as one
     zero_dim_value("masked_fill", x, value)
     return emit("Where", [mask, value if value.dtype == x.dtype else cast(value, x.dtype), x])
 
@@ -90,14 +93,30 @@ def full(size: Sequence[Any], fill_value: Any, dtype: Any = None, *, fn: str = "
     infers it): a constant where the sizes are ints, else a ConstantOfShape of the sizes read at run time (dim
     names, ``B * T``). Signature: ai.onnx@9::ConstantOfShape"""
     if dtype is None:
-        dtype = "bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int) else "float32"
+        category = kind(fill_value.dtype) if isinstance(fill_value, Tensor) else \
+            0 if isinstance(fill_value, bool) else 1 if isinstance(fill_value, int) else 2
+        dtype = ("bool", "int64", "float32")[category]
     dt = as_dtype(dtype)
-    in_range(dt, fill_value)
     shape, shape_t = sized(tuple(size), fn)
+    if isinstance(fill_value, Tensor):
+        return _filled(fn, fill_value, dt, const_i64(shape) if shape_t is None else shape_t, shape)
+    in_range(dt, fill_value)
     if shape_t is None:
         return constant(np.full(shape, fill_value, dt.numpy))
     return emit("ConstantOfShape", [shape_t], {"value": ir_tensor(np.full((1,), fill_value, dt.numpy))},
                 out_types=[(dt, shape)])
+
+
+def _filled(fn: str, value: Tensor, dtype: Any, shape_t: Tensor, shape: Any) -> Tensor:
+    """A 0-D Tensor ``value`` cast to ``dtype`` (as torch reads it as a number: a float truncated, an int out of
+    an integer dtype's range refused where its value is known at capture) and expanded to ``shape_t``."""
+    if value.shape is None or len(value.shape):
+        raise op_error(fn, [value], f"{fn} takes a number or a 0-D Tensor fill_value (as torch's), got a Tensor "
+                       f"of shape {value.shape}; index one element (v[0])", user_source())
+    if value.eager_value is not None:
+        in_range(dtype, value.eager_value)
+    value = value if value.dtype == dtype else cast(value, dtype)
+    return emit("Expand", [value, shape_t], out_types=[(dtype, shape)])
 
 
 @factory
@@ -115,6 +134,8 @@ def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
     """``x``'s shape (symbolic dims too) filled with ``fill_value``. Signature: ai.onnx@9::ConstantOfShape"""
     x = lift(x)
     dt = as_dtype(dtype if dtype is not None else x.dtype)
+    if isinstance(fill_value, Tensor):
+        return _filled("full_like", fill_value, dt, emit("Shape", [x]), x.shape)
     in_range(dt, fill_value)
     value = np.full((1,), fill_value, dt.numpy)
     return emit("ConstantOfShape", [emit("Shape", [x])], {"value": ir_tensor(value)},

@@ -154,6 +154,9 @@ def index_put(x: Tensor, indices: Sequence[Tensor], values: Any, accumulate: boo
     tuples = concat([unsqueeze(r, [-1]) for r in rows], -1)
     picked = emit("GatherND", [x, tuples])
     values = lift(values, x)
+    if values.dtype != x.dtype and not accumulate and len(indices) == 1 and lift(indices[0]).dtype == "bool" and \
+            values.shape is not None and all(d == 1 for d in values.shape):
+        values = cast(values, x.dtype)  # torch's index_put of one mask and one value is its masked_fill, which casts
     same_dtype("ScatterND", x, values)
     if values.shape != picked.shape:
         values = emit("Expand", [values, emit("Shape", [picked])], out_types=[(x.dtype, picked.shape)])
