@@ -169,3 +169,18 @@ def test_writes_torch_refuses_name_both_dtypes(case):
         REFUSED[case](torch, torch.from_numpy(x), torch.from_numpy(v))
     with pytest.raises(gc.CaptureError, match="int32 vs float64"):
         REFUSED[case](gc, gc.tensor(x), gc.tensor(v))
+
+
+# equation -> operand shapes: ``...`` standing for different numbers of dims, aligned right as torch's
+ELLIPSES = {"...,...->...": [(3, 4), ()], "...,...": [(3, 4), (4,)], "i...,...->i...": [(3, 4), (4,)],
+            "...j,j->...": [(2, 3, 4), (4,)], "...,...,...->...": [(3,), (2, 3), ()]}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float64"])
+@pytest.mark.parametrize("equation", sorted(ELLIPSES))
+def test_einsum_ellipses_of_several_ranks_are_torchs(equation, dtype):
+    operands = {f"t{k}": RNG.integers(-4, 5, shape).astype(dtype) for k, shape in enumerate(ELLIPSES[equation])}
+    want = torch.einsum(equation, *[torch.from_numpy(t) for t in operands.values()])
+    _assert_torchs(np.asarray(gc.einsum(equation, *[gc.tensor(t) for t in operands.values()]).numpy()), want)
+    for backend, got in _run_both(lambda **ts: gc.einsum(equation, *ts.values()), operands).items():
+        _assert_torchs(got["output"], want)

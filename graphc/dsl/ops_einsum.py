@@ -37,6 +37,9 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     pair = _autocast_pair if is_autocast_enabled() else _promoted_pair if len({t.dtype for t in tensors}) > 1 else None
     if len(tensors) > 1 and pair is not None and equation.count(",") == len(tensors) - 1:
         return _pairwise(*_subscripts(equation, tensors), tensors, pair)
+    if "..." in equation and equation.count(",") == len(tensors) - 1:  # ``...`` of several ranks, aligned right
+        terms, out = _subscripts(equation, tensors)
+        equation = ",".join(terms) + "->" + out
     return _einsum(equation, *tensors)
 
 
