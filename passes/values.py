@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "DROPPED_MARKS_KEY",
+__all__ = ["AUTOGRAD_DOMAIN", "AUTOGRAD_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "CLASS_LABELS_KEY", "DROPPED_MARKS_KEY",
            "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "INFERENCE_ONLY_KEY",
            "MAX_NORM_KEY",
            "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "MOMENTUM_KEY", "NO_DERIVATIVE_KEY", "PROBABILITIES_KEY",
@@ -88,6 +88,12 @@ FAKE_QUANTIZE_KEY = "graphc.fake_quantize"
 # node metadata of a ``binary_cross_entropy``'s range check (its Where): the graph inputs it reads as
 # probabilities, directly ("p,y"), which the Trainer checks on the host before a step
 PROBABILITIES_KEY = "graphc.probabilities"
+
+# node metadata of a ``cross_entropy`` / ``nll_loss``'s class-label range test (its And): "NAME:C:IGNORE",
+# the graph input it reads as class labels directly, the class count (empty where not static) and the
+# ignore index, which the Trainer checks on the host before a step (the graph counts a label outside
+# [0, C) in the mean's divisor with a loss of 0, where torch raises)
+CLASS_LABELS_KEY = "graphc.class_labels"
 
 # node metadata of the last node of a fused kernel that a pass wrote out (autocast's flash attention):
 # autodiff takes the kernel's backward there, the rule of that name in ``FUSED_RULES``, and sends

@@ -190,3 +190,55 @@ def test_kl_div_of_a_negative_target_is_nan_as_torchs(backend):
     want = torch.nn.functional.kl_div(torch.from_numpy(logp), torch.from_numpy(target), reduction="none").numpy()
     assert np.isnan(want[target < 0]).all()
     np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
+
+
+class OwnClassLoss(nn.Module):
+    """A model that computes its own loss: ``F.cross_entropy`` or ``F.nll_loss`` of a data input's
+    class labels, trained by the name of that output (no loss spec, so no label input)."""
+
+    def __init__(self, kind: str, ignore_index: int):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.kind, self.ignore_index = kind, ignore_index
+
+    def forward(self, x, y):
+        logits = self.fc(x)
+        if self.kind == "nll_loss":
+            return {"loss": gc.nn.functional.nll_loss(gc.log_softmax(logits, dim=1), y, ignore_index=self.ignore_index)}
+        return {"loss": gc.nn.functional.cross_entropy(logits, y, ignore_index=self.ignore_index)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("ignore_index", [-100, -1])
+def test_labels_out_of_range_of_a_models_own_class_loss_are_refused(backend, kind, ignore_index):
+    """The model's own cross_entropy / nll_loss: a label outside [0, C) that is not the ignore index
+    gave a loss of 0 counted in the mean's divisor (1.133 where the right mean is 1.295), a step on
+    wrong numbers where torch raises; the ignore index itself trains to torch's loss."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(OwnClassLoss(kind, ignore_index), seed=0, x=gc.spec("float32", ("N", 4)),
+                       y=gc.spec("int64", ("N",)))
+    arts = gc.training.generate(model, "loss", gc.optim.SGD(0.1))
+    x = RNG.standard_normal((8, 4)).astype(np.float32)
+    labels = np.arange(8) % 3
+    trainer = gc.Trainer(arts, backend=backend)
+    weight, bias = (torch.from_numpy(trainer.params[f"fc.{p}"]) for p in ("weight", "bias"))
+    logits = torch.from_numpy(x) @ weight.T + bias
+    for bad in (3, -1 if ignore_index != -1 else -5, 1000):
+        wrong = labels.copy()
+        wrong[2] = bad
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+            torch.nn.functional.cross_entropy(logits, torch.from_numpy(wrong), ignore_index=ignore_index)
+        message = (rf"label 'y' holds {bad} at \(2,\); cross_entropy / nll_loss labels are class indices in "
+                   rf"\[0, 3\) or the ignore index {ignore_index}")
+        for action, call in (("a train step", trainer.step), ("an evaluation", trainer.evaluate),
+                             ("the training loader", lambda b: trainer.fit(gc.data.DataLoader(b, 4), 1, quiet=True,
+                                                                            progress=False))):
+            with pytest.raises(gc.InputError, match=f"{action}: {message}"):
+                call({"x": x, "y": wrong})
+    assert trainer.step_count == 0
+    ignored = labels.copy()
+    ignored[2] = ignore_index
+    expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(ignored), ignore_index=ignore_index).item()
+    assert trainer.step({"x": x, "y": ignored}) == pytest.approx(expected, rel=1e-5)
+    assert arts.manifest.class_labels == [("y", 3, ignore_index)]

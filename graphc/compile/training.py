@@ -203,8 +203,11 @@ class Manifest(BaseModel):
     # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}
     one_row_batchnorms: dict[str, tuple[str, int]] = {}
     # data inputs a binary_cross_entropy reads as probabilities (its target, mostly): the Trainer
-    # refuses a batch with a value outside [0, 1] there (``modes.probability_inputs``)
+    # refuses a batch with a value outside [0, 1] there (``marked_inputs.probability_inputs``)
     probabilities: list[str] = []
+    # (data input, C or None, ignore index) of each cross_entropy / nll_loss in the model that reads a
+    # data input as class labels: the Trainer refuses a label outside [0, C) (``marked_inputs.class_label_inputs``)
+    class_labels: list[tuple[str, Optional[int], int]] = []
     # loss scaling (generate's option, ``gc.amp``): {"kind": "dynamic", init_scale, growth_factor,
     # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
     loss_scale: Optional[dict] = None
@@ -657,7 +660,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             without a gradient rule on the way to a trainable param.
     """
     from graphc.dsl.autocast_policy import onnx_kinds
-    from graphc.passes.training import artifacts, modes
+    from graphc.passes.training import artifacts, marked_inputs
     from graphc.passes.training.recompute import marked
     from graphc.passes.training.scheduled import with_scheduled
 
@@ -703,7 +706,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots[g.name]),
                            weight_decay=g.weight_decay) for g in built.layout],
         orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
-        renormed=built.renormed, autocast=low, probabilities=modes.probability_inputs(model.ir.graph),
+        renormed=built.renormed, autocast=low, probabilities=marked_inputs.probability_inputs(model.ir.graph),
+        class_labels=marked_inputs.class_label_inputs(model.ir.graph),
         averaging=averaging)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))

@@ -18,7 +18,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.passes.values import PROBABILITIES_KEY
+from graphc.passes.values import CLASS_LABELS_KEY, PROBABILITIES_KEY
 from graphc.model.dtypes import FLOAT_DTYPES
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -208,6 +208,9 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
             ops.same_dim("GatherElements", [logp, labels], a, b, "input and target dims")
     ids, zero = ops.unsqueeze(labels, [1]), ops.lift(np.asarray(0, dtype=labels.dtype))
     hit = (ids >= zero) & (ids < dim_size(logp, 1, labels.dtype))
+    if labels.value.producer() is None:  # a graph input: the Trainer checks its values (CLASS_LABELS_KEY)
+        classes = logp.shape[1] if logp.shape is not None and isinstance(logp.shape[1], int) else ""
+        hit.value.producer().metadata_props[CLASS_LABELS_KEY] = f"{labels.name}:{classes}:{ignore_index}"
     safe = ops.where(hit, ids, zero)
     scale = ops.cast(hit, logp.dtype)
     keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logp.dtype)

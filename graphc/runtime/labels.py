@@ -1,4 +1,4 @@
-"""Host-side checks of a cross-entropy's labels and a binary cross-entropy's probabilities,
+"""Host-side checks of a cross-entropy's labels (a loss spec's or the model's own) and a binary cross-entropy's probabilities,
 before a train step or an evaluation runs.
 
 The graph gives a label outside ``[0, C)`` that is not the ignore index a loss of 0 that still
@@ -75,13 +75,7 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = Fa
     ignore = options.get("ignore_index", -100)
     if classes is None:
         classes = class_count(manifest, feeds, whole)
-    counted = labels != ignore
-    bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        limit = classes if classes is not None else "C"
-        raise InputError(f"{what}: label {loss['label']!r} holds {labels[at]} at {at}; cross-entropy labels are "
-                         f"class indices in [0, {limit}) or the ignore index {ignore}")
+    counted = _in_range(labels, loss["label"], classes, ignore, what, "cross-entropy")
     if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
         raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
                          f"would be a mean over no example")
@@ -92,6 +86,30 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = Fa
         raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
                          f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "
                          "0, 0/0")
+
+
+def _in_range(labels: np.ndarray, name: str, classes: Optional[int], ignore: int, what: str, loss: str) -> np.ndarray:
+    """Which of ``labels`` (input ``name``) are counted (not ``ignore``); an ``InputError`` naming the
+    first that is neither ``ignore`` nor in [0, ``classes``) (None: not bounded above)."""
+    counted = labels != ignore
+    bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        limit = classes if classes is not None else "C"
+        raise InputError(f"{what}: label {name!r} holds {labels[at]} at {at}; {loss} labels are "
+                         f"class indices in [0, {limit}) or the ignore index {ignore}")
+    return counted
+
+
+def check_batch_values(manifest, feeds: Mapping[str, Any], what: str) -> None:
+    """``check_probabilities``, and the class labels the model's own ``cross_entropy`` /
+    ``nll_loss`` read from a data input (``manifest.class_labels``) in [0, C) or the ignore index:
+    the graph counts any other label in the mean's divisor with a loss of 0, a wrong loss and
+    gradient, where PyTorch raises ("Target 3 is out of bounds"). One pass over each such array."""
+    check_probabilities(manifest, feeds, what)
+    for name, classes, ignore in manifest.class_labels:
+        if name in feeds:
+            _in_range(np.asarray(feeds[name]), name, classes, ignore, what, "cross_entropy / nll_loss")
 
 
 def check_probabilities(manifest, feeds: Mapping[str, Any], what: str) -> None:

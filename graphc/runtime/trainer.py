@@ -74,7 +74,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.labels import check_labels, check_probabilities, class_count, class_labels, int64_labels
+from graphc.runtime.labels import check_batch_values, check_labels, class_count, class_labels, int64_labels
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 from graphc.runtime.weight_averaging import as_model, averaged_names
@@ -436,13 +436,13 @@ class Trainer:
     def _refuse_step(self, feeds: Mapping[str, np.ndarray], weight: Optional[float] = None) -> None:
         """Refuse a train step on ``feeds`` that has no row, a BatchNorm batch of 1 row,
         cross-entropy labels outside [0, C) (C measured where only a forward tells it) or weighing
-        0 in all (``weight``: their ``averaging.shard_weight`` where the caller has it), or
-        binary cross-entropy probabilities outside [0, 1]; the
+        0 in all (``weight``: their ``averaging.shard_weight`` where the caller has it), the model's
+        own cross-entropy labels out of range, or binary cross-entropy probabilities outside [0, 1]; the
         data-parallel Trainer checks its global batch the same way before any worker steps."""
         refuse_empty(feeds, "a train step")
         refuse_one_row(self.manifest, feeds)
         check_labels(self.manifest, feeds, "a train step", classes=self._classes(feeds), weight=weight)
-        check_probabilities(self.manifest, feeds, "a train step")
+        check_batch_values(self.manifest, feeds, "a train step")
 
     def _classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
         """A cross-entropy's C on ``feeds`` as one process sees it (``labels.class_count``, or
@@ -589,7 +589,7 @@ class Trainer:
         given = {s.name: batch[s.name] for s in self.batch_specs if s.name in batch}
         refuse_empty(given, "an evaluation")
         check_labels(self.manifest, given, "an evaluation")
-        check_probabilities(self.manifest, given, "an evaluation")
+        check_batch_values(self.manifest, given, "an evaluation")
         out = self.predict(batch, averaged=averaged)
         if self.manifest.loss.get("kind") == "cross_entropy" and class_count(self.manifest, given) is None:
             # a C only the run tells: checked before the loss or a metric is read
@@ -714,14 +714,14 @@ class Trainer:
             _one_row_batch(self.manifest, loader)
             if isinstance(loader, DataLoader):  # a RayDataLoader's rows are checked batch by batch, as read
                 check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
-                check_probabilities(self.manifest, loader.arrays, "the training loader")
+                check_batch_values(self.manifest, loader.arrays, "the training loader")
             if self._scheduler is not None:
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch,
                              self.steps_for(self.batch_in_epoch), self.steps_for(len(loader)))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
-            check_probabilities(self.manifest, eval_loader.arrays, "the eval loader")
+            check_batch_values(self.manifest, eval_loader.arrays, "the eval loader")
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:

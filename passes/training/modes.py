@@ -41,7 +41,7 @@ from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, 
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
 from graphc.passes.training.recompute import inherited
-from graphc.passes.values import (EPSILON_KEY, PROBABILITIES_KEY, exact_float, onnx_opset, replace_value,
+from graphc.passes.values import (EPSILON_KEY, exact_float, onnx_opset, replace_value,
                                   static_shape)
 
 
@@ -75,14 +75,6 @@ def one_row_batchnorms(graph: ir.Graph) -> dict[str, tuple[str, int]]:
             stat = tracked_stat(node.inputs[3]) if len(node.inputs) > 3 else None
             found[stat.name.rsplit(".", 1)[0] if stat is not None else node.name] = dims[x.shape[0].value]
     return found
-
-
-def probability_inputs(graph: ir.Graph) -> list[str]:
-    """The data inputs a ``binary_cross_entropy`` reads as probabilities, as its node marks them
-    (``PROBABILITIES_KEY``): the Trainer refuses a batch holding a value outside [0, 1] there."""
-    data = {v.name for v in graph.inputs if not v.is_initializer()}
-    marked = (node.metadata_props.get(PROBABILITIES_KEY) for node in graph.all_nodes())
-    return sorted({name for names in marked if names for name in names.split(",") if name in data})
 
 
 # what an imported BatchNorm's extreme momentum does to its running statistics in training, and
