@@ -242,3 +242,38 @@ def test_labels_out_of_range_of_a_models_own_class_loss_are_refused(backend, kin
     expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(ignored), ignore_index=ignore_index).item()
     assert trainer.step({"x": x, "y": ignored}) == pytest.approx(expected, rel=1e-5)
     assert arts.manifest.class_labels == [("y", 3, ignore_index)]
+
+
+class TokenLoss(nn.Module):
+    """A language-model-style loss: ``F.cross_entropy(logits.reshape(-1, C), y.reshape(-1))``, the
+    labels flattened (and, with ``widen``, int32 ones cast by ``.long()``) inside the model."""
+
+    def __init__(self, widen: bool):
+        super().__init__()
+        self.fc = nn.Linear(4, 5)
+        self.widen = widen
+
+    def forward(self, x, y):
+        return {"loss": gc.nn.functional.cross_entropy(self.fc(x).reshape(-1, 5),
+                                                       (y.long() if self.widen else y).reshape(-1))}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("widen", [False, True], ids=["int64", "int32-long"])
+def test_labels_out_of_range_reshaped_inside_the_model_are_refused(backend, widen):
+    """Labels [N, T] flattened (or widened) before the model's own cross_entropy: a label of C
+    trained on a wrong loss (a loss of 0 counted in the mean's divisor) where torch raises;
+    the Trainer names it at its place in the batch's own array."""
+    torch = pytest.importorskip("torch")
+    dtype = "int32" if widen else "int64"
+    model = gc.capture(TokenLoss(widen), seed=0, x=gc.spec("float32", ("N", "T", 4)), y=gc.spec(dtype, ("N", "T")))
+    trainer = gc.Trainer(gc.training.generate(model, "loss", gc.optim.SGD(0.1)), backend=backend)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    labels = (np.arange(6).reshape(2, 3) % 5).astype(dtype)
+    labels[1, 2] = 5
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        torch.nn.functional.cross_entropy(torch.zeros(6, 5), torch.from_numpy(labels.astype(np.int64)).reshape(-1))
+    with pytest.raises(gc.InputError, match=r"a train step: label 'y' holds 5 at \(1, 2\); cross_entropy / nll_loss "
+                                            r"labels are class indices in \[0, 5\) or the ignore index -100"):
+        trainer.step({"x": x, "y": labels})
+    assert trainer.step_count == 0

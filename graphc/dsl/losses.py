@@ -208,9 +208,10 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
             ops.same_dim("GatherElements", [logp, labels], a, b, "input and target dims")
     ids, zero = ops.unsqueeze(labels, [1]), ops.lift(np.asarray(0, dtype=labels.dtype))
     hit = (ids >= zero) & (ids < dim_size(logp, 1, labels.dtype))
-    if labels.value.producer() is None:  # a graph input: the Trainer checks its values (CLASS_LABELS_KEY)
+    source = _labels_source(labels)
+    if source is not None:  # a graph input's values: the Trainer checks them (CLASS_LABELS_KEY)
         classes = logp.shape[1] if logp.shape is not None and isinstance(logp.shape[1], int) else ""
-        hit.value.producer().metadata_props[CLASS_LABELS_KEY] = f"{labels.name}:{classes}:{ignore_index}"
+        hit.value.producer().metadata_props[CLASS_LABELS_KEY] = f"{source}:{classes}:{ignore_index}"
     safe = ops.where(hit, ids, zero)
     scale = ops.cast(hit, logp.dtype)
     keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logp.dtype)
@@ -219,6 +220,25 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
         picked_weight = ops.emit("Gather", [_class_weight(weight, logp), safe], {"axis": 0})
         scale, counted = scale * picked_weight, keep * ops.squeeze(picked_weight, [1])
     return -ops.squeeze(ops_array.gather(logp, 1, safe) * scale, [1]), keep, counted
+
+
+# ops whose output holds every value of their input 0, and only those: rearranged, or cast from a
+# narrower integer to int64
+_SAME_VALUES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Cast"})
+_WIDENED = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32"})
+
+
+def _labels_source(labels: Tensor) -> str | None:
+    """The name of the graph input (or initializer) whose values ``labels`` are, reshaped,
+    transposed or widened (``labels.view(-1)``, ``.long()``), else None (computed or sliced)."""
+    value = labels.value
+    while (node := value.producer()) is not None:
+        if node.op_type not in _SAME_VALUES:
+            return None
+        value = node.inputs[0]
+        if node.op_type == "Cast" and getattr(value.dtype, "name", None) not in _WIDENED:
+            return None
+    return value.name
 
 
 def _batched(fn, logp: Tensor, target: Tensor, reduction: str, *args) -> Tensor:
