@@ -277,3 +277,31 @@ def test_labels_out_of_range_reshaped_inside_the_model_are_refused(backend, wide
                                             r"labels are class indices in \[0, 5\) or the ignore index -100"):
         trainer.step({"x": x, "y": labels})
     assert trainer.step_count == 0
+
+
+class PrototypeLoss(Prototypes):
+    """``Prototypes``' logits ``[N, K]`` (K the length of the ``protos`` batch input) into the
+    model's own cross_entropy."""
+
+    def forward(self, x, protos, y):
+        return {"loss": gc.nn.functional.cross_entropy(super().forward(x, protos)["logits"], y)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_labels_past_a_symbolic_class_count_of_a_models_own_loss_are_refused(backend):
+    """The model's own cross_entropy over K classes, K the batch's prototypes: a label of K or more
+    trained on a wrong loss where torch raises; the Trainer reads K from the batch's shapes."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(PrototypeLoss(), seed=0, x=gc.spec("float32", ("N", 4)), protos=gc.spec("float32", ("K", 4)),
+                       y=gc.spec("int64", ("N",)))
+    arts = gc.training.generate(model, "loss", gc.optim.SGD(0.1))
+    trainer = gc.Trainer(arts, backend=backend)
+    batch = {"x": RNG.standard_normal((6, 4)).astype(np.float32), "protos": RNG.standard_normal((3, 4)).astype(np.float32),
+             "y": np.array([0, 1, 2, 0, 1, 3])}
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        torch.nn.functional.cross_entropy(torch.zeros(6, 3), torch.from_numpy(batch["y"]))
+    with pytest.raises(gc.InputError, match=r"a train step: label 'y' holds 3 at \(5,\); cross_entropy / nll_loss "
+                                            r"labels are class indices in \[0, 3\)"):
+        trainer.step(batch)
+    assert np.isfinite(trainer.step({**batch, "protos": RNG.standard_normal((4, 4)).astype(np.float32)}))  # K = 4
+    assert arts.manifest.class_labels == [("y", "K", -100)]

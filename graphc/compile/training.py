@@ -205,9 +205,10 @@ class Manifest(BaseModel):
     # data inputs a binary_cross_entropy reads as probabilities (its target, mostly): the Trainer
     # refuses a batch with a value outside [0, 1] there (``marked_inputs.probability_inputs``)
     probabilities: list[str] = []
-    # (data input, C or None, ignore index) of each cross_entropy / nll_loss in the model that reads a
-    # data input as class labels: the Trainer refuses a label outside [0, C) (``marked_inputs.class_label_inputs``)
-    class_labels: list[tuple[str, Optional[int], int]] = []
+    # (data input, C: its size, an input dim's name or None, ignore index) of each cross_entropy / nll_loss in
+    # the model that reads a data input as class labels: the Trainer refuses a label outside [0, C)
+    # (``marked_inputs.class_label_inputs``)
+    class_labels: list[tuple[str, Union[int, str, None], int]] = []
     # loss scaling (generate's option, ``gc.amp``): {"kind": "dynamic", init_scale, growth_factor,
     # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
     loss_scale: Optional[dict] = None

@@ -210,7 +210,7 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
     hit = (ids >= zero) & (ids < dim_size(logp, 1, labels.dtype))
     source = _labels_source(labels)
     if source is not None:  # a graph input's values: the Trainer checks them (CLASS_LABELS_KEY)
-        classes = logp.shape[1] if logp.shape is not None and isinstance(logp.shape[1], int) else ""
+        classes = "" if logp.shape is None or logp.shape[1] is None else logp.shape[1]  # a size or a dim's name
         hit.value.producer().metadata_props[CLASS_LABELS_KEY] = f"{source}:{classes}:{ignore_index}"
     safe = ops.where(hit, ids, zero)
     scale = ops.cast(hit, logp.dtype)

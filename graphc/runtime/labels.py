@@ -48,17 +48,26 @@ def class_count(manifest, feeds: Mapping[str, Any], whole: bool = False) -> Opti
     loss = manifest.loss
     shape = next((e.shape for e in manifest.graphs["eval"].outputs if e.name == loss.get("output")), None)
     dim = shape[1] if shape and len(shape) > 1 else None
-    if isinstance(dim, int):
+    found = _dim_size(manifest, feeds, dim, whole)
+    if found is not None:
+        return found
+    weight = (loss.get("options") or {}).get("weight")
+    return len(weight) if weight is not None else None
+
+
+def _dim_size(manifest, feeds: Mapping[str, Any], dim: Any, whole: bool) -> Optional[int]:
+    """``dim`` if static, else the size of the eval graph's input dim of that name in ``feeds``
+    (``whole``: not axis 0, the data's length), else None."""
+    if isinstance(dim, int) or dim is None:
         return dim
     for entry in manifest.graphs["eval"].inputs:
-        if dim is None or entry.name not in feeds or not entry.shape:
+        if entry.name not in feeds or not entry.shape:
             continue
         sizes = np.shape(feeds[entry.name])
         for axis, name in enumerate(entry.shape):
             if name == dim and axis < len(sizes) and not (whole and axis == 0):
                 return int(sizes[axis])
-    weight = (loss.get("options") or {}).get("weight")
-    return len(weight) if weight is not None else None
+    return None
 
 
 def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = False,
@@ -101,15 +110,17 @@ def _in_range(labels: np.ndarray, name: str, classes: Optional[int], ignore: int
     return counted
 
 
-def check_batch_values(manifest, feeds: Mapping[str, Any], what: str) -> None:
+def check_batch_values(manifest, feeds: Mapping[str, Any], what: str, whole: bool = False) -> None:
     """``check_probabilities``, and the class labels the model's own ``cross_entropy`` /
-    ``nll_loss`` read from a data input (``manifest.class_labels``) in [0, C) or the ignore index:
+    ``nll_loss`` read from a data input (``manifest.class_labels``; C static or the size of a batch
+    input's dim, as ``class_count``'s ``whole``) in [0, C) or the ignore index:
     the graph counts any other label in the mean's divisor with a loss of 0, a wrong loss and
     gradient, where PyTorch raises ("Target 3 is out of bounds"). One pass over each such array."""
     check_probabilities(manifest, feeds, what)
     for name, classes, ignore in manifest.class_labels:
         if name in feeds:
-            _in_range(np.asarray(feeds[name]), name, classes, ignore, what, "cross_entropy / nll_loss")
+            _in_range(np.asarray(feeds[name]), name, _dim_size(manifest, feeds, classes, whole), ignore, what,
+                      "cross_entropy / nll_loss")
 
 
 def check_probabilities(manifest, feeds: Mapping[str, Any], what: str) -> None:

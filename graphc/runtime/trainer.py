@@ -714,14 +714,14 @@ class Trainer:
             _one_row_batch(self.manifest, loader)
             if isinstance(loader, DataLoader):  # a RayDataLoader's rows are checked batch by batch, as read
                 check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
-                check_batch_values(self.manifest, loader.arrays, "the training loader")
+                check_batch_values(self.manifest, loader.arrays, "the training loader", whole=True)
             if self._scheduler is not None:
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch,
                              self.steps_for(self.batch_in_epoch), self.steps_for(len(loader)))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
-            check_batch_values(self.manifest, eval_loader.arrays, "the eval loader")
+            check_batch_values(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:

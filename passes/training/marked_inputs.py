@@ -5,7 +5,7 @@ PyTorch raises)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Union
 
 import onnx_ir as ir
 
@@ -18,13 +18,13 @@ def probability_inputs(graph: ir.Graph) -> list[str]:
     return sorted({name for names in _marks(graph, PROBABILITIES_KEY) for name in names.split(",")} & _data(graph))
 
 
-def class_label_inputs(graph: ir.Graph) -> list[tuple[str, Optional[int], int]]:
-    """(data input, C or None where not static, ignore index) for each ``cross_entropy`` /
+def class_label_inputs(graph: ir.Graph) -> list[tuple[str, Union[int, str, None], int]]:
+    """(data input, C: its size, the name of an input dim, or None, ignore index) for each ``cross_entropy`` /
     ``nll_loss`` that reads a data input as class labels (``CLASS_LABELS_KEY``): the Trainer
     refuses a batch holding a label outside [0, C) there that is not the ignore index."""
     found = {tuple(mark.rsplit(":", 2)) for mark in _marks(graph, CLASS_LABELS_KEY)}
-    return sorted((name, int(classes) if classes else None, int(ignore)) for name, classes, ignore in found
-                  if name in _data(graph))
+    return sorted(((name, int(classes) if classes.isdigit() else classes or None, int(ignore))
+                   for name, classes, ignore in found if name in _data(graph)), key=str)
 
 
 def _marks(graph: ir.Graph, key: str) -> list[str]:
