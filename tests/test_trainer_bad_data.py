@@ -305,3 +305,21 @@ def test_labels_past_a_symbolic_class_count_of_a_models_own_loss_are_refused(bac
         trainer.step(batch)
     assert np.isfinite(trainer.step({**batch, "protos": RNG.standard_normal((4, 4)).astype(np.float32)}))  # K = 4
     assert arts.manifest.class_labels == [("y", "K", -100)]
+
+
+@pytest.mark.parametrize("split", ["y", "y_val"])
+def test_graphc_train_names_the_file_of_a_label_out_of_range(tmp_path, capsys, split):
+    """A cross-entropy label of C in --data's training or evaluation arrays: one line naming the
+    file (it said "the training loader" / "the eval loader"), the array, the row and the range."""
+    from cli_util import one_line_error, run_cli, workspace
+
+    root = workspace(tmp_path)
+    data = dict(np.load(root / "data.npz"))
+    bad = data["y"].copy()
+    bad[5] = 3
+    np.savez(root / "bad.npz", **{**data, **({"y": bad} if split == "y" else {"x_val": data["x"], "y_val": bad})})
+    result = run_cli(capsys, "train", root / "arts", "--data", root / "bad.npz", "--epochs", 1, "--batch-size", 8,
+                     "--backend", "numpy")
+    err = " ".join(one_line_error(result).split())
+    where = f"--data {root / 'bad.npz'}" if split == "y" else f"x_val, y_val of {root / 'bad.npz'}"
+    assert f"{where}: label 'y' holds 3 at (5,); cross-entropy labels are class indices in [0, 3)" in err, err

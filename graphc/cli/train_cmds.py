@@ -22,7 +22,7 @@ from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_sc
 from graphc.cli.train_data import load_data
 from graphc.errors import did_you_mean
 from graphc.runtime.history import record_row
-from graphc.runtime.labels import class_labels
+from graphc.runtime.labels import check_data, class_labels
 from graphc.runtime.metrics import names as metric_names
 
 
@@ -287,6 +287,9 @@ def train_cmd(
                       highlight=False, soft_wrap=True)
     train, test, test_source = load_data(data, trainer.batch_specs, eval_data, class_labels(trainer.manifest),
                                          trainer.complex_inputs)
+    check_data(trainer.manifest, train, f"--data {data}")  # before fit's checks, which name no file
+    if test:
+        check_data(trainer.manifest, test, test_source)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
         raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "

@@ -126,6 +126,13 @@ def check_batch_values(manifest, feeds: Mapping[str, Any], what: str, whole: boo
         _in_range(labels, name, limit, ignore, what, "cross_entropy / nll_loss")
 
 
+def check_data(manifest, arrays: Mapping[str, Any], what: str) -> None:
+    """``check_labels`` and ``check_batch_values`` of a data set's whole ``arrays`` (axis 0 its
+    rows), ``what`` naming where they came from (``graphc train``'s ``--data FILE``)."""
+    check_labels(manifest, arrays, what, whole=True)
+    check_batch_values(manifest, arrays, what, whole=True)
+
+
 def check_probabilities(manifest, feeds: Mapping[str, Any], what: str) -> None:
     """The batch inputs a ``binary_cross_entropy`` reads as probabilities (``manifest.probabilities``,
     its target mostly) hold values in [0, 1] only: the graph makes the loss NaN for any other (a
