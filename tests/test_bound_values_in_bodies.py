@@ -24,7 +24,7 @@ FLOWS = ("main", *KINDS, "scan_cond")
 
 
 def _flow(lib, step, x, flow):
-    """``step`` under ``flow``'s control flow on x [3, 4, 3]; "scan_cond": a cond in each scan step; "main": none, on x itself."""
+    """``step`` under ``flow``'s control flow on x [3, 4, 3]; "scan_cond": a cond in each scan step; "main": on x."""
     if flow == "main":
         return step(x)
     if flow != "scan_cond":
@@ -40,21 +40,31 @@ def _flow(lib, step, x, flow):
     return torch.stack(ys)
 
 
-def _check(model, twin_loss, x, wrt):
-    """Levels 0-2 then gc.grad: the unoptimized model's gradients (1e-12) and torch's ``twin_loss(x)`` ones."""
+def _names(graph):
+    """The node outputs and outputs of ``graph`` and its subgraphs."""
+    return {*(o.name for o in graph.output),
+            *(v for n in graph.node for v in n.output),
+            *(v for n in graph.node for a in n.attribute if a.type == a.GRAPH for v in _names(a.g))}
+
+
+def _check(model, twin_loss, x, twin=None):
+    """Levels 0-2 then gc.grad: the unoptimized model's gradients (1e-12) and torch's ``twin_loss(x)`` ones
+    (``twin``'s parameters' too: model parameter ``m.<name>``)."""
     tx = torch.tensor(x, requires_grad=True)
     twin_loss(tx).backward()
-    want = gc.Session(gc.grad(model, "loss", wrt=["x", *wrt]), backend="numpy").run({"x": x})
+    want = gc.Session(gc.grad(model, "loss", wrt=["x", *model.params]), backend="numpy").run({"x": x})
     np.testing.assert_allclose(want["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for name, p in twin.named_parameters() if twin is not None else ():
+        np.testing.assert_allclose(want[f"m.{name}_grad"], p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
     for level in (0, 1, 2):
         optimized = gc.optimize(model, level=level)
-        names = {v for n in optimized.proto.graph.node for v in n.output}
-        assert not any(n.endswith("_kept") or "_placeholder" in n for n in names)  # the bodies are theirs again
-        grads = gc.grad(optimized, "loss", wrt=["x", *wrt])
+        assert not any(n.endswith("_kept") or "_placeholder" in n for n in _names(optimized.proto.graph))
+        grads = gc.grad(optimized, "loss", wrt=["x", *model.params])
         for backend in BACKENDS:
             out = gc.Session(grads, backend=backend).run({"x": x})
             for name, value in want.items():
-                np.testing.assert_allclose(out[name], value, rtol=1e-12, atol=1e-12, err_msg=f"{name} {level} {backend}")
+                np.testing.assert_allclose(out[name], value, rtol=1e-12, atol=1e-12,
+                                           err_msg=f"{name} at level {level} on {backend}")
 
 
 @pytest.mark.parametrize("module", ["hooked", "one_output_read"])
@@ -85,7 +95,7 @@ def test_module_hooks_in_a_body_give_torchs_gradients_after_optimize(flow, modul
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # test_backward_hooks_bodies checks the warnings
         model = gc.capture(Net(), x=gc.spec("float64", (3, 4, 3)))
-    _check(model, lambda tx: loss(torch, twin, tx), np.abs(RNG.normal(size=(3, 4, 3))), list(model.params))
+    _check(model, lambda tx: loss(torch, twin, tx), np.abs(RNG.normal(size=(3, 4, 3))), twin)
 
 
 def _saving(lib, base):
@@ -116,4 +126,4 @@ def test_a_functions_saved_values_in_a_body_survive_optimize(flow):
         return (_flow(lib, step, x, flow) ** 2).sum()
 
     model = gc.capture(lambda x: {"loss": loss(gc, x)}, x=gc.spec("float64", (3, 4, 3)))
-    _check(model, lambda tx: loss(torch, tx), np.abs(RNG.normal(size=(3, 4, 3))), [])
+    _check(model, lambda tx: loss(torch, tx), np.abs(RNG.normal(size=(3, 4, 3))))
