@@ -228,6 +228,22 @@ def test_another_models_checkpoint_of_the_same_tensors_is_not_overwritten(tmp_pa
     trainer.save_checkpoint(tmp_path / "other")  # elsewhere it saves
 
 
+def test_a_refused_changed_model_load_leaves_the_checkpoint_guarded(tmp_path):
+    """load_checkpoint(changed_model=True) refused (another optimizer): before, the trainer had already
+    taken the checkpoint as its own, and its save replaced the relu model's checkpoint."""
+    ck = tmp_path / "ck"
+    trained(tmp_path, ck)
+    saved = ckpt.resolve(ck).read_bytes()
+    graphs = gc.training.generate(gc.capture(TanhNet(), opset=21, x=gc.spec("float32", ("N", 8))), LOSS,
+                                  gc.optim.SGD(1e-2))
+    trainer = gc.Trainer(graphs, backend="numpy")
+    with pytest.raises(ckpt.CheckpointError, match="optimizer"):
+        trainer.load_checkpoint(ck, changed_model=True)
+    with pytest.raises(ckpt.CheckpointError, match=re.escape(f"{ck} belongs to other")):
+        trainer.save_checkpoint(ck)
+    assert ckpt.resolve(ck).read_bytes() == saved
+
+
 def test_cli_resume_into_another_models_graphs_names_the_option(tmp_path, capsys):
     """graphc train TANH_ARTS --checkpoint RELU_CK --resume: before, it resumed silently."""
     ck = tmp_path / "ck"

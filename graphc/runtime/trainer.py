@@ -1206,7 +1206,6 @@ class Trainer:
                                  "starts it afresh: pass one of them")
             return self._restart(path, changed_model)
         tensors, meta = ckpt.load(path)
-        self._restarted_from = ckpt.resolve(path).resolve() if changed_model else None
         resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer,
                                   accumulate=self.accumulate)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
@@ -1218,6 +1217,8 @@ class Trainer:
         if problem is not None:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
         self._refuse_other_model(path, meta, changed_model)  # the same tensors, in another model
+        # set once the load is sure to succeed: a refused load leaves saves refusing that checkpoint
+        self._restarted_from = ckpt.resolve(path).resolve() if changed_model else None
         self._reset_state(tensors, consume=True)
         self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
         self._progress = ckpt.batch_weighted(meta, averaging.summed(self.manifest.loss))
