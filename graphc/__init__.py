@@ -151,9 +151,9 @@ _REFUSED_OPS = "save get_num_threads set_num_threads".split()
 _COMPLEX_OPS = "complex polar view_as_real view_as_complex view_as_real_copy view_as_complex_copy".split()
 _EITHER_OPS = ("zeros ones zeros_like exp abs sum mean matmul einsum real imag conj angle is_complex add sub mul "
                "div").split()
-_COMPLEX_MATH_OPS = ("sqrt rsqrt reciprocal square log log2 log10 log1p expm1 exp2 sinc sigmoid sin cos tan sinh cosh tanh asin "
-                     "acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh sgn neg negative "
-                     "conj_physical isfinite isnan isinf isclose allclose").split()
+_COMPLEX_MATH_OPS = ("sqrt rsqrt reciprocal square log log2 log10 log1p expm1 exp2 sinc sigmoid sin cos tan sinh "
+                     "cosh tanh asin acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh sgn "
+                     "neg negative conj_physical isfinite isnan isinf isclose allclose").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {

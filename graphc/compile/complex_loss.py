@@ -25,9 +25,10 @@ def complex_output(model: Model, spec: LossSpec) -> bool:
         return False
     if spec.kind != "l1":
         held = complex_spec(next(o for o in model.outputs if o.name == spec.output))
-        raise ValueError(f"loss {spec.kind!r} on the complex output {spec.output!r} ({type_text(held.dtype, held.shape)}): torch's "
-                         f"{_TORCH_NAMES[spec.kind]} does not take complex Tensors; gc.losses.l1 does (the mean "
-                         f"|pred - label|, as torch's l1_loss), or put the loss on a real output (y.abs(), y.real)")
+        raise ValueError(f"loss {spec.kind!r} on the complex output {spec.output!r} "
+                         f"({type_text(held.dtype, held.shape)}): torch's {_TORCH_NAMES[spec.kind]} does not take "
+                         "complex Tensors; gc.losses.l1 does (the mean |pred - label|, as torch's l1_loss), or put "
+                         "the loss on a real output (y.abs(), y.real)")
     return True
 
 

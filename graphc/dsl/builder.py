@@ -134,7 +134,7 @@ class Scope:
         self.lookups = lookups
         self.backward_of: str | None = None  # a ``gc.autograd.Function``'s backward being captured: where it was applied
         # a control-flow body's (``control.trace_subgraph``): what runs on its outputs once traced (a deferred
-        # ``gc.autograd.Function`` backward, ``autograd.settle_body``); None: another scope
+        # ``gc.autograd.Function`` backward, ``autograd._Finisher.defer``); None: another scope
         self.settles: list | None = None
 
 

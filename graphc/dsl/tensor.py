@@ -269,8 +269,8 @@ class ComplexTensor:
     """A complex value in the graph being captured (``gc.complex64``/``complex128``): one real Tensor with a
     trailing dim of 2 (real, imaginary), ONNX's DFT layout and torch's ``view_as_real``, so every graph value
     stays real and gradients come from the real ops. It may be held as its two parts instead (what most ops
-    make and read); the pair is built from them on first need, and the parts serve until the pair is written. Its operators and methods are bound by
-    ``graphc.dsl.complex_ops``; any other is a ``CaptureError`` naming it."""
+    make and read); the pair is built from them on first need, and the parts serve until the pair is written.
+    Its operators and methods are bound by ``graphc.dsl.complex_ops``; any other is a ``CaptureError`` naming it."""
 
     __slots__ = ("_pair", "_parts", "_built")
     __array_priority__ = 1001  # before a real Tensor's reflected operators
