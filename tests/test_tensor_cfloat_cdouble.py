@@ -1,6 +1,6 @@
 """``x.cfloat()`` / ``x.cdouble()`` (absent before, found by ``scripts/reach_sweep.py``): torch's complex casts
-of a real Tensor, their values and dtypes on the numpy and ort-cpu backends, and the float64 gradient of a real
-loss through ``cdouble()`` against torch.autograd to 1e-10."""
+of a real Tensor (and of a complex one), their values and dtypes on the numpy and ort-cpu backends, and the
+float64 gradient of a real loss through ``cdouble()`` against torch.autograd to 1e-10."""
 
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ def test_cfloat_and_cdouble_values_and_dtypes_match_torch():
     model = gc.capture(lambda x: (x.cfloat(), x.cdouble(), x.float().cfloat()), x=gc.spec("float64", ("N", 3)))
     t = torch.from_numpy(X)
     for got, want in zip(run_both(model, {"x": X}).values(), (t.cfloat(), t.cdouble(), t.float().cfloat())):
+        assert got.dtype == np.dtype(str(want.dtype).removeprefix("torch."))
+        np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_cfloat_and_cdouble_of_a_complex_tensor_match_torch():
+    """A complex Tensor's casts (complex128 -> complex64 -> complex128): refused before ('cfloat does not take
+    complex Tensors')."""
+    def fn(M, x):
+        z = M.complex(x, -2.0 * x)
+        return z.cfloat(), z.cfloat().cdouble(), z.cdouble()
+
+    model = gc.capture(lambda x: fn(gc, x), x=gc.spec("float64", ("N", 3)))
+    for got, want in zip(run_both(model, {"x": X}).values(), fn(torch, torch.from_numpy(X))):
         assert got.dtype == np.dtype(str(want.dtype).removeprefix("torch."))
         np.testing.assert_array_equal(got, want.numpy())
 

@@ -380,6 +380,11 @@ div_any = either_kind(ops_binary.div, div)
 # (graphc/__init__.py loads these ``<name>_any`` as ``gc.<name>``, in place of the real-only functions)
 
 
+def _of_part_dtype(dtype: str) -> Callable[[ComplexTensor], ComplexTensor]:
+    """``z.cfloat()``/``z.cdouble()``: ``z`` with parts of ``dtype`` (float32/float64), as torch's complex casts."""
+    return lambda z: of_parts(*(ops.cast(p, dtype) for p in parts(z)))
+
+
 def _refused(name: str) -> Callable[..., Any]:
     def refused(z: ComplexTensor, *args: Any, **kwargs: Any) -> Any:
         raise complex_refusal(name, z)
@@ -396,6 +401,7 @@ METHODS = {
     "real": property(real), "imag": property(imag), "conj": conj, "conj_physical": conj, "resolve_conj": conj,
     "abs": abs, "angle": angle, "exp": exp, "sum": sum, "mean": mean, "reshape": reshape, "view": reshape,
     "permute": permute, "transpose": transpose, "unsqueeze": unsqueeze, "detach": detach, "matmul": complex_matmul,
+    "cfloat": _of_part_dtype("float32"), "cdouble": _of_part_dtype("float64"),
     **{name: _refused(name) for name in ("__lt__", "__le__", "__gt__", "__ge__",
                                          "__floordiv__", "__mod__", "__iter__", "__len__", "__index__")},
 }
