@@ -33,7 +33,7 @@ def torch_names(fn: Callable[..., Any], names: dict[str, str] | None = None) -> 
     by default ``{"x": "input"}`` when ``fn``'s first parameter is ``x``, torch's ``input``) as keywords,
     graphc's still bound; its signature shows torch's. ``fn`` itself when nothing is renamed (or it has no
     signature). Both names for one parameter is a TypeError. One wrapper per function and names, so an alias
-    (``gc.conv1d`` and ``F.conv1d``, ``gc.special.expit`` and ``gc.sigmoid``) stays the same object."""
+    (``gc.conv1d`` and ``F.conv1d``) stays the same object."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
