@@ -25,15 +25,16 @@ def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
     ``pixel_unshuffle`` backwards. Signature: ai.onnx@13::DepthToSpace (CRD)"""
     r = positive_int("pixel_shuffle", "upscale_factor", upscale_factor)
     x = lift(x)
-    if x.ndim == 4:
-        return emit("DepthToSpace", [x], {"blocksize": r, "mode": "CRD"})
     if x.shape is None or x.ndim < 3:
         raise op_error("DepthToSpace", [x], "pixel_shuffle expects an input of rank 3 or more (*, C, H, W)",
                        user_source())
-    lead, (c, h, w) = list(x.shape[:-3]), [static_dim(x, d, "DepthToSpace") for d in (-3, -2, -1)]
-    if c % (r * r):
-        raise op_error("DepthToSpace", [x], f"pixel_shuffle expects the channels ({c}) to divide by "
+    channels = x.shape[-3]
+    if isinstance(channels, int) and channels % (r * r):
+        raise op_error("DepthToSpace", [x], f"pixel_shuffle expects the channels ({channels}) to divide by "
                        f"upscale_factor**2={r * r}", user_source())
+    if x.ndim == 4:
+        return emit("DepthToSpace", [x], {"blocksize": r, "mode": "CRD"})
+    lead, (c, h, w) = list(x.shape[:-3]), [static_dim(x, d, "DepthToSpace") for d in (-3, -2, -1)]
     k = len(lead)
     blocks = transpose(reshape(x, [*lead, c // (r * r), r, r, h, w]), [*range(k), k, k + 3, k + 1, k + 4, k + 2])
     return reshape(blocks, [*lead, c // (r * r), h * r, w * r])
