@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import constant, matmul
+from graphc.dsl.ops import const_i64, constant, emit, matmul
 from graphc.dsl.tensor import Tensor
 
 # mode -> (the filter's support at scale 1, the filter)
@@ -73,9 +73,24 @@ def antialiased(x: Tensor, mode: str, sizes: list[int] | None, factors: list[flo
     scales: list[Any] = [None, None] if factors is None else [1.0 / f for f in factors]
     if sizes is None:
         sizes = floor_sizes(x, factors or ())
-    rows, cols = (antialias_weights(mode, n, m, s, bool(align_corners)) for n, m, s in zip(dims, sizes, scales))
-    y = matmul(constant(rows.astype(x.dtype)), x)  # [Ho, H] @ [N, C, H, W]
-    return matmul(y, constant(np.ascontiguousarray(cols.T).astype(x.dtype)))  # @ [W, Wo]
+    return separable(x, [antialias_weights(mode, n, m, s, bool(align_corners))
+                         for n, m, s in zip(dims, sizes, scales)])
 
 
-__all__ = ["antialias_weights", "antialiased"]
+def separable(x: Tensor, matrices: list[np.ndarray]) -> Tensor:
+    """``x`` ``(N, C, *spatial)`` with the ``[m, n]`` float64 matrix ``matrices[d]`` applied along spatial dim
+    ``d``, each a MatMul by a constant in ``x``'s dtype (a dim before the last two flattened with those after)."""
+    for d, w in enumerate(matrices):
+        axis = d - len(matrices)
+        if axis == -1:
+            x = matmul(x, constant(np.ascontiguousarray(w.T).astype(x.dtype)))  # [..., W] @ [W, Wo]
+            continue
+        tail = x.shape[axis + 1:]
+        flat = x if axis == -2 else emit("Reshape", [x, const_i64([0] * (x.ndim + axis) + [-1, math.prod(tail)])])
+        x = matmul(constant(w.astype(x.dtype)), flat)  # [Ho, H] @ [..., H, rest]
+        if axis != -2:
+            x = emit("Reshape", [x, const_i64([0] * (x.ndim - 2) + [w.shape[0], *tail])])
+    return x
+
+
+__all__ = ["antialias_weights", "antialiased", "separable"]
