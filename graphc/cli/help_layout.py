@@ -1,13 +1,16 @@
 """How `graphc --help` names values: a word per value (``--epochs N``, ``ARTIFACT_DIR``), not
 typer's type placeholders (``--epochs <int range>``, ``{ARTIFACT_DIR}``, ``ARTIFACT_DIR <path>``);
-and the command class that does so, which also names a refused value and says Ctrl-C's line."""
+and the command class that does so, which also names a refused value and says Ctrl-C's line.
+Help, ``--version`` and completion scripts print while the command line is parsed, before any
+command runs: parsing too ends on a closed standard output with exit 141 (``interrupted``), not
+click's exit 1."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from graphc.cli.interrupted import said_when_interrupted
 from graphc.cli.paths import user_paths
@@ -21,7 +24,20 @@ def argument_word(param: Any) -> str:
     return (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
 
 
-class PlainHelpCommand(TyperCommand):
+class ParsingEndsOnClosedPipe:
+    """A click command whose parsing (the eager ``--help`` and ``--version`` print there) is cut
+    short like its run: Ctrl-C in one line (exit 130), a closed standard output silently (exit 141)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> typer.Context:
+        with said_when_interrupted():
+            return super().make_context(*args, **kwargs)
+
+
+class PlainHelpGroup(ParsingEndsOnClosedPipe, TyperGroup):
+    """`graphc` and `graphc deploy`: their help and ``--version`` end on a closed pipe as commands do."""
+
+
+class PlainHelpCommand(ParsingEndsOnClosedPipe, TyperCommand):
     """A command whose usage line and help name each value by a word: an option's own metavar, else
     ``METAVARS``' word for its type; an argument bare in the usage line when required, in brackets
     when not (click's form). Ctrl-C in it prints one line and exits 130."""
@@ -71,7 +87,11 @@ class PlainHelpCommand(TyperCommand):
 
 
 class GraphcTyper(typer.Typer):
-    """A ``typer.Typer`` whose commands are ``PlainHelpCommand`` unless one names its own ``cls``."""
+    """A ``typer.Typer`` whose commands are ``PlainHelpCommand`` unless one names its own ``cls``,
+    the group itself a ``PlainHelpGroup``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, cls=PlainHelpGroup, **kwargs)
 
     def command(self, *args: Any, cls: type[TyperCommand] | None = None, **kwargs: Any) -> Any:
         return super().command(*args, cls=cls or PlainHelpCommand, **kwargs)
