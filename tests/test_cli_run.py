@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import onnx
@@ -55,8 +56,8 @@ def test_run_writes_npz(files):
     assert [p.name for p in target.parent.iterdir()] == ["y.npz"]  # no temp file left behind
 
 
-def test_run_writes_outputs_of_any_name(tmp_path):
-    """np.savez(f, **outputs) failed on an output named 'file' (its own argument's name)."""
+def _two_outputs(tmp_path) -> None:
+    """``tmp_path/m.onnx``: outputs ``file`` (-x) and ``allow_pickle`` (relu x); ``x.npy``: [-1, 2]."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
@@ -65,10 +66,61 @@ def test_run_writes_outputs_of_any_name(tmp_path):
     model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(tmp_path / "m.onnx"))
     np.save(tmp_path / "x.npy", np.array([-1.0, 2.0], np.float32))
+
+
+def test_run_writes_outputs_of_any_name(tmp_path):
+    """np.savez(f, **outputs) failed on an output named 'file' (its own argument's name)."""
+    _two_outputs(tmp_path)
     assert graphc("run", tmp_path / "m.onnx", "-b", "numpy", "-i", f"x={tmp_path / 'x.npy'}", "-o",
                   tmp_path / "y.npz") == 0
     with np.load(tmp_path / "y.npz", allow_pickle=False) as saved:
         assert saved["file"].tolist() == [1.0, -2.0] and saved["allow_pickle"].tolist() == [0.0, 2.0]
+
+
+def _expected(x: np.ndarray) -> np.ndarray:
+    """linear_relu's output: relu(x @ w + b), w = arange(6) / 6, b = B."""
+    return np.maximum(x @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 6) + B, 0)
+
+
+@pytest.mark.parametrize("name", ["y.npy", "Y.NPY", "y.json"])
+def test_run_writes_npy_and_json_by_extension(files, name):
+    # -o took any name and wrote an .npz archive under it; an inf in x makes inf and 0 * inf = nan
+    x = X.copy()
+    x[0, 0], x[1, 1] = np.inf, -np.inf
+    np.save(files / "x.npy", x)
+    target = files / name
+    assert graphc("run", files / "net.onnx", "-b", "numpy", "-i", f"x={files / 'x.npy'}",
+                  "-i", f"b={files / 'b.npy'}", "-o", target) == 0
+    with np.errstate(invalid="ignore"):
+        want = _expected(x)
+    assert np.isnan(want).any() and np.isinf(want).any()
+    if target.suffix.lower() == ".npy":
+        got = np.load(target, allow_pickle=False)
+    else:
+        saved = json.loads(target.read_text())
+        assert list(saved) == ["y"] and (saved["y"]["dtype"], saved["y"]["shape"]) == ("float32", [3, 2])
+        got = np.array(saved["y"]["data"], dtype=np.float32)  # "inf", "-inf", "nan" strings read as floats
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["y.txt", "y", "y.npz.bak", "y.onnx"])
+def test_run_refuses_an_output_of_another_extension(tmp_path, capsys, name):
+    # refused before the model is even looked for (there is none): nothing runs, nothing is written
+    assert graphc("run", tmp_path / "missing.onnx", "-o", tmp_path / name) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"-o/--output {tmp_path / name}: graphc run writes the format its extension names" in err
+    assert "accepted: .npz (every output by name), .npy (a model's one output), .json" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_refuses_npy_for_two_outputs(tmp_path, capsys):
+    _two_outputs(tmp_path)
+    assert graphc("run", tmp_path / "m.onnx", "-b", "numpy", "-i", f"x={tmp_path / 'x.npy'}", "-o",
+                  tmp_path / "y.npy") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "a .npy file holds one array and the model has 2 outputs (file, allow_pickle); write .npz or .json" in err
+    assert not (tmp_path / "y.npy").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,6 +6,7 @@ complex arrays (or the pair), ``graphc run`` on a complex ``.npy``, and the feed
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import onnx
@@ -94,6 +95,13 @@ def test_graphc_run_reads_and_writes_complex_arrays(capsys, tmp_path):
     with np.load(tmp_path / "out.npz") as out:
         assert out["mixed"].dtype == np.complex128
         np.testing.assert_allclose(out["mixed"], np.fft.fft(z) * x, rtol=1e-12, atol=1e-12)
+    result = run_cli(capsys, "run", tmp_path / "m.onnx", "-b", "ort-cpu", "-i", f"z={tmp_path / 'z.npy'}",
+                     "-i", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "out.json")
+    assert result.code == 0, result.err
+    mixed = json.loads((tmp_path / "out.json").read_text())["mixed"]  # JSON has no complex: [re, im] pairs
+    assert (mixed["dtype"], mixed["shape"]) == ("complex128", [3, 8])
+    pairs = np.array(mixed["data"])
+    np.testing.assert_allclose(pairs[..., 0] + 1j * pairs[..., 1], np.fft.fft(z) * x, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")

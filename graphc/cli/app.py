@@ -77,8 +77,14 @@ JSON_OPTION = typer.Option(False, "--json", help="Print the result as one JSON d
 
 
 def print_json(data: Any) -> None:
-    """``data`` as indented JSON on stdout, no markup or colour; a non-finite float (an inf error)
-    written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, which strict JSON parsers read."""
+    """``data`` as indented JSON on stdout (``json_text``)."""
+    typer.echo(json_text(data))
+
+
+def json_text(data: Any, indent: Optional[int] = 2) -> str:
+    """``data`` as JSON, each level indented by ``indent`` (None: on one line), no markup or colour;
+    a non-finite float (an inf error) written as the string ``"inf"``, ``"-inf"`` or ``"nan"``,
+    which strict JSON parsers read."""
     import json
     import math
 
@@ -91,7 +97,7 @@ def print_json(data: Any) -> None:
             return [finite(v) for v in value]
         return value
 
-    typer.echo(json.dumps(finite(data), indent=2, allow_nan=False))
+    return json.dumps(finite(data), indent=indent, allow_nan=False)
 
 
 def output_option(help: str, metavar: str = "PATH") -> Any:

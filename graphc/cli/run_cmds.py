@@ -16,7 +16,8 @@ from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, 
 from graphc.cli.backend_options import backend_options, threads_option
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
-from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
+from graphc.cli.arrays import fit_bfloat16, load_npy
+from graphc.cli.output_files import check_holds_outputs, check_output_file, output_bytes
 from graphc.errors import UncalibratedWarning
 from graphc.fileio import atomic_write
 from graphc.model.quantizers import never_calibrated, uncalibrated
@@ -82,8 +83,9 @@ def run_cmd(
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy", help="An input's array, one per "
                                      "input (saved with np.save; for a bfloat16 input, float32, rounded to it)."),
-    output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them); bfloat16 "
-                                           "ones as float32, which .npz holds.", "FILE.npz"),
+    output: Optional[Path] = output_option("Write the outputs to this file (default: print them): .npz (every "
+                                           "output by name), .npy (a model's one output) or .json (dtype, shape "
+                                           "and values by name); bfloat16 ones as float32.", "FILE.npz"),
     out: Optional[Path] = OUT_ALIAS,
     threads: Optional[int] = threads_option(),
     workers: int = typer.Option(1, "--workers", min=1, help="Run batches on this many Ray workers (graphc[ray])."),
@@ -91,7 +93,7 @@ def run_cmd(
 ) -> None:
     """Run a model on a backend with inputs from .npy files.
 
-    Prints the outputs, or saves them to an .npz with -o.
+    Prints the outputs, or saves them with -o to an .npz, .npy or .json file.
 
     Example:
 
@@ -101,6 +103,8 @@ def run_cmd(
     from graphc.runtime.session import Session
 
     output = chosen_output(output, out, required=False, file="outputs.npz")
+    if output is not None:
+        check_output_file(output)
     options = backend_options(ctx, backend)
     if given(ctx, "batch_size") and workers == 1:
         raise ValueError(f"--batch-size {batch_size} splits the inputs among --workers; without --workers N (N > 1) "
@@ -111,16 +115,20 @@ def run_cmd(
         from graphc.model import load
 
         loaded = load(model)
+        if output is not None:
+            check_holds_outputs(output, loaded.outputs)
         feeds = fit_bfloat16(parse_feeds(inputs), loaded.inputs)
         results = map_batches(model, feeds, backend=backend, batch_size=batch_size, workers=workers, **options)
         ran_on = f"{backend}, {workers} Ray workers"
     else:
         session = Session(model, backend=backend, **options)
+        if output is not None:
+            check_holds_outputs(output, session.outputs)
         results = session.run(fit_bfloat16(parse_feeds(inputs), session.inputs))
         ran_on, loaded = session.backend, session.model
     warn_uncalibrated(loaded)
     if output is not None:
-        wrote(atomic_write(output, npz_bytes(widened(results))))
+        wrote(atomic_write(output, output_bytes(output, results)))
         console.print(escape(f"wrote {len(results)} output(s) to {output} (backend {ran_on})"), highlight=False,
                       soft_wrap=True)
         return
