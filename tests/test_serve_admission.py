@@ -1,7 +1,7 @@
 """How many requests `graphc serve` holds, and what a stalled request leaves behind, against the
 server in its own process: past ``--max-queue`` requests are refused from their headers with a
 503 while the held ones are answered; a body that stops arriving gets a 408 and its bytes go; a
-request head past ``MAX_HEAD_BYTES`` gets a 431."""
+request head past ``MAX_HEAD_BYTES`` gets a 431, a URL past ``MAX_URL_BYTES`` a 414."""
 
 from __future__ import annotations
 
@@ -149,6 +149,33 @@ def test_a_head_past_the_limit_gets_a_431_at_once_and_one_within_it_is_served(tm
             assert chunk, replies[-300:]
             replies += chunk
         assert replies.count(b"HTTP/1.1 200") == 300
+        sock.close()
+
+
+def test_a_url_past_the_limit_gets_a_414_naming_it(tmp_path):
+    """httptools parses no URL over 65535 bytes: one of 66-70 KB, read in one recv, got a 400
+    "invalid HTTP request: User callback error", naming neither the URL nor its length."""
+    from graphc.serving.kserve.deadline_protocol import MAX_URL_BYTES
+
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "numpy") as (_, port):
+        for length, writes in ((66_000, 1), (70_000, 1), (70_000, 2)):  # the URL in one write, or in two
+            url = b"/v2/models/loop?q=" + b"a" * (length - 18)
+            request = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % url
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            for part in (request[:40_000], request[40_000:]) if writes == 2 else (request,):
+                sock.sendall(part)
+                time.sleep(0.1)
+            head, error = split(read_reply(sock))
+            assert head.startswith(b"http/1.1 414") and b"connection: close" in head, head
+            assert error["error"].startswith("invalid HTTP request: the request line is too long: its URL exceeds "
+                                             f"the server's limit of {MAX_URL_BYTES} bytes ("), error
+            assert closed_by_server(sock, time.monotonic() + 30)
+            sock.close()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)  # one within it is served
+        sock.sendall(b"GET /v2/models/loop?q=%s HTTP/1.1\r\nHost: x\r\n\r\n" % (b"a" * 65_000))
+        head, reply = split(read_reply(sock))
+        assert head.startswith(b"http/1.1 200") and reply["name"] == "loop", (head, reply)
         sock.close()
 
 

@@ -27,6 +27,9 @@ SHUTDOWN_IDLE = 2.0
 # a client could send gigabytes of headers or trailers within the read timeout, all held; above it
 # a 431. (Node allows 16 KiB of headers, Go 1 MiB.)
 MAX_HEAD_BYTES = 64 << 10
+# The longest URL (request target) httptools parses: its parse_url holds offsets in 16 bits. A longer
+# one failed in uvicorn's callback, a 400 "User callback error"; it gets a 414 naming the limit.
+MAX_URL_BYTES = 65535
 # After a client's FIN, seconds between the interim replies that find out whether it only half-closed
 # (it reads them, and its reply after them) or is gone (its kernel answers them with a reset).
 PEER_PROBE_INTERVAL = 0.5
@@ -69,7 +72,8 @@ class DeadlineProtocol(HttpToolsProtocol):
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
     in its headers or its body gets a 408 first; one that sends more than ``MAX_HEAD_BYTES`` bytes
-    besides its body (and as many as its body), a 431. At shutdown, a request whose body is still
+    besides its body (and as many as its body), a 431; one whose URL is past ``MAX_URL_BYTES``, a
+    414. At shutdown, a request whose body is still
     arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
     client held the shutdown for the whole read timeout. Behind pipelined requests still being
@@ -147,6 +151,13 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._arriving, self._head_since = True, time.monotonic()
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
+
+    def on_url(self, url: bytes) -> None:
+        """uvicorn's; a URL past ``MAX_URL_BYTES`` is refused (414) as soon as it gets there."""
+        super().on_url(url)
+        if len(self.url) > MAX_URL_BYTES:
+            raise ProtocolError(f"the request line is too long: its URL exceeds the server's limit of {MAX_URL_BYTES} "
+                                f"bytes ({len(self.url)} bytes read); send large data in a POST request's body", 414)
 
     def on_headers_complete(self) -> None:
         """uvicorn's; an HTTP/1.0 request's ``Expect: 100-continue`` is ignored, as RFC 9110 (10.1.1)
@@ -316,11 +327,13 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
-        other error, naming what the parser found (it is called while handling the parser's error)."""
+        other error, naming what the parser found (it is called while handling the parser's error);
+        a callback's ``ProtocolError`` with its own status (a 414)."""
         found = sys.exc_info()[1]
         found = found.__context__ if isinstance(found.__context__, ProtocolError) else found  # a callback's
         head = b"".join(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
-        self._reply_and_close(closing_reply(400, f"invalid HTTP request: {found}" if found is not None and str(found)
+        status = found.status if isinstance(found, ProtocolError) else 400
+        self._reply_and_close(closing_reply(status, f"invalid HTTP request: {found}" if found is not None and str(found)
                                             else msg, head))
 
     def _cancel(self, name: str) -> None:
