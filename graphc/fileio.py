@@ -11,6 +11,7 @@ or is interrupted. An ``OSError`` on the temp names the target instead (the user
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -203,3 +204,18 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def missing(path: PathLike, what: str) -> str:
+    """Why nothing is at ``path``, for an error: ``no such WHAT``, or, where ``path`` is a symbolic
+    link, that it loops or names a missing target (read as "no such file" by the user, who sees it)."""
+    if not os.path.islink(path):
+        return f"no such {what}"
+    target = os.readlink(path)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"no such {what}: a symbolic link that loops (to {target})"
+    return f"no such {what}: a symbolic link to {target}, which does not exist"
+

@@ -52,10 +52,13 @@ def test_the_summary_counts_the_nodes_written(model_file, tmp_path, flags, nodes
     assert f"2 -> {nodes} nodes (level 2" in result.output
 
 
-def test_optimize_in_place_only_when_o_names_input(model_file):
-    result = runner.invoke(app, ["optimize", str(model_file), "-o", str(model_file), "-O", "0"])
-    assert result.exit_code == 0, result.output
-    assert op_types(gc.load(model_file)) == ["MatMul", "Add"]
+def test_optimize_refuses_o_naming_its_input(model_file):
+    """It optimized in place; graphc never overwrites a command's input (tests/test_cli_own_input.py)."""
+    before = digest(model_file)
+    result = runner.invoke(app, ["optimize", str(model_file), "-o", str(model_file), "-O", "2"])
+    assert isinstance(result.exception, gc.InputError), result.output  # graphc.cli.main: exit 2
+    assert "graphc never overwrites its input" in str(result.exception)
+    assert digest(model_file) == before
 
 
 def test_invalid_model_exits_2_and_writes_nothing(tmp_path):

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from graphc.cli.help_layout import GraphcTyper
-from graphc.cli.paths import check_not_stdout
+from graphc.cli.paths import check_not_a_loop, check_not_an_input, check_not_stdout
 from graphc.errors import InputError
 
 app = GraphcTyper(
@@ -139,14 +139,18 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def check_writable_at(path: Path, option: str, file: Optional[str] = None, folder: bool = False) -> None:
+def check_writable_at(path: Path, option: str, file: Optional[str] = None, folder: bool = False,
+                      inputs: Optional[dict[str, Path]] = None) -> None:
     """Refuse up front an output ``path`` that cannot be written: one under a file (its folders
     cannot be made); where a file is written (``file``: an example name, ``model.onnx``) a folder,
-    where a ``folder`` is, a file; ``-`` (``paths.check_not_stdout``). Found only when writing, that
-    failed `graphc train --plot` after the whole run, ``--log`` after its first epoch, and named no
-    option; and one in a folder the user may not write in (a file is replaced there, a folder's
-    files are written into it)."""
+    where a ``folder`` is, a file; ``-`` and a looping link (``paths``); one of the command's
+    ``inputs`` (``paths.check_not_an_input``). Found only when writing, that failed `graphc train
+    --plot` after the whole run, ``--log`` after its first epoch, and named no option; and one in
+    a folder the user may not write in (a file is replaced there, a folder's files are written
+    into it)."""
     check_not_stdout(path, option)
+    check_not_a_loop(path, option)
+    check_not_an_input(path, option, inputs or {})
     if file is not None and path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file; expected a file path such as {path / file}")
     if folder and path.exists() and not path.is_dir():
@@ -161,10 +165,12 @@ def check_writable_at(path: Path, option: str, file: Optional[str] = None, folde
 
 
 def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional[Path] = None,
-                  required: bool = True, file: Optional[str] = None, folder: bool = False) -> Optional[Path]:
+                  required: bool = True, file: Optional[str] = None, folder: bool = False,
+                  inputs: Optional[dict[str, Path]] = None) -> Optional[Path]:
     """The path given by ``-o/--output`` or its alias ``--out`` (not two different ones), else
     ``default``; with neither and no default, an error when ``required``. ``file`` (an example name
-    for the error) or ``folder``: what the command writes there (``check_writable_at``)."""
+    for the error) or ``folder``: what the command writes there; ``inputs``: what it reads, never
+    overwritten (``check_writable_at``)."""
     if output is not None and out is not None and output != out:
         raise ValueError(f"-o/--output {output} and --out {out} name two outputs; --out is an alias of "
                          "--output: give one")
@@ -172,7 +178,7 @@ def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional
     if chosen is None and required:
         raise ValueError("missing option -o/--output: where to write the result")
     if chosen is not None:
-        check_writable_at(chosen, "-o/--output", file, folder)
+        check_writable_at(chosen, "-o/--output", file, folder, inputs)
     return chosen
 
 

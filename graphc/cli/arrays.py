@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from graphc.errors import InputError
+from graphc.fileio import missing
 from graphc.model.dtypes import type_text
 from graphc.runtime.feeds import dtype_name
 
@@ -125,7 +126,8 @@ def _kind(path: Path, option: str) -> str:
     if path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file")
     if not path.is_file():
-        raise FileNotFoundError(f"{option}: no such file {path}")
+        raise FileNotFoundError(f"{option} {path}: {missing(path, 'file')}" if path.is_symlink()
+                                else f"{option}: no such file {path}")
     if not os.access(path, os.R_OK):
         raise InputError(f"{option} {path}: no permission to read the file")
     with open(path, "rb") as f:

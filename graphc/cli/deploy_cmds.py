@@ -14,6 +14,7 @@ from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types,
 from graphc.cli.backend_options import backend_options, threads_option
 from graphc.cli.interrupted import wrote
 from graphc.errors import InputError
+from graphc.fileio import missing
 
 
 @deploy_app.command("triton")
@@ -111,7 +112,7 @@ def serve_cmd(
     from graphc.serving import serve as serving
 
     if not source.exists():
-        raise FileNotFoundError(f"{source}: no such model file or repository folder")
+        raise FileNotFoundError(f"{source}: {missing(source, 'model file or repository folder')}")
     check_deployable(source, then="serve")
     options = backend_options(ctx, backend)
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),

@@ -18,6 +18,7 @@ from graphc.cli.paths import user_path
 from graphc.cli.inspect_training import (artifacts_facts, checked_kind, checkpoint_facts, describe_artifacts,
                                         describe_checkpoint, shape_text)
 from graphc.errors import GraphcError, InputError, did_you_mean, first_few
+from graphc.fileio import missing
 from graphc.model import EMITTED_OPSETS
 
 
@@ -30,7 +31,7 @@ def load_object(target: str) -> Any:
     if path.is_dir():
         raise InputError(f"{file}: a folder, not a Python file; expected FILE.py:OBJECT, e.g. models/cnn.py:LeNet")
     if not path.is_file():
-        raise FileNotFoundError(f"{file}: no such file")
+        raise FileNotFoundError(f"{file}: {missing(path, 'file')}")
     module_name = f"_graphc_user_{path.stem}_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -104,7 +105,7 @@ def capture_cmd(
     from graphc.dsl.sources import on_behalf_of
     from graphc.model.dtypes import parse_spec
 
-    output = chosen_output(output, out, file="model.onnx")
+    output = chosen_output(output, out, file="model.onnx", inputs={"FILE.py": user_path(target.rpartition(":")[0])})
     if opset not in EMITTED_OPSETS:
         raise InputError(f"--opset {opset}: graphc captures ai.onnx opsets {EMITTED_OPSETS[0]} to {EMITTED_OPSETS[-1]}")
     specs = {}

@@ -56,7 +56,7 @@ def optimize_cmd(
     """
     from graphc.compile.optimize import optimize
 
-    output = chosen_output(output, out, file="model.onnx")
+    output = chosen_output(output, out, file="model.onnx", inputs={"MODEL.onnx": model})
     check_keep_io_types(ctx, dtype)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)

@@ -23,17 +23,22 @@ from graphc.fileio import atomic_write
 from graphc.model.quantizers import never_calibrated, uncalibrated
 
 
-def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
-    """``NAME=FILE.npy`` items -> arrays (loaded without pickle)."""
-    feeds = {}
+def feed_files(items: list[str]) -> dict[str, Path]:
+    """``NAME=FILE.npy`` items -> each input's file."""
+    files = {}
     for item in items:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise ValueError(f"bad --input {item!r}; expected NAME=FILE.npy")
-        if name in feeds:
+        if name in files:
             raise ValueError(f"--input {name!r} given twice; give each input once")
-        feeds[name] = load_npy(user_path(file), f"--input {name}")
-    return feeds
+        files[name] = user_path(file)
+    return files
+
+
+def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
+    """``NAME=FILE.npy`` items -> arrays (loaded without pickle)."""
+    return {name: load_npy(file, f"--input {name}") for name, file in feed_files(items).items()}
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -102,7 +107,8 @@ def run_cmd(
     """
     from graphc.runtime.session import Session
 
-    output = chosen_output(output, out, required=False, file="outputs.npz")
+    read = {"MODEL.onnx": model, **{f"--input {name}": file for name, file in feed_files(inputs).items()}}
+    output = chosen_output(output, out, required=False, file="outputs.npz", inputs=read)
     if output is not None:
         check_output_file(output)
     options = backend_options(ctx, backend)

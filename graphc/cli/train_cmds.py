@@ -451,7 +451,7 @@ def export_cmd(
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 
-    output = chosen_output(output, out, file="model.onnx")
+    output = chosen_output(output, out, file="model.onnx", inputs={"ARTIFACT_DIR|CHECKPOINT": source})
     check_keep_io_types(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = wrote(export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,

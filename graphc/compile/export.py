@@ -20,6 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphcError
+from graphc.fileio import missing
 from graphc.model import Model
 from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, never_calibrated, uncalibrated
 
@@ -109,7 +110,7 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
                           "writes the inference model of an artifact directory (graphc grad -o DIR) or of a "
                           "checkpoint (graphc train --checkpoint DIR); to optimize a model use graphc optimize")
     if not path.exists():
-        raise FileNotFoundError(f"{source}: no such artifact directory or checkpoint")  # as graphc train says
+        raise FileNotFoundError(f"{source}: {missing(path, 'artifact directory or checkpoint')}")  # as graphc train says
     target = checkpoint.resolve(path)
     if not target.exists():
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "

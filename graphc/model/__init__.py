@@ -16,7 +16,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from graphc.errors import ModelLoadError
-from graphc.fileio import fsync_dir, scratch_dir, sync_tree
+from graphc.fileio import fsync_dir, missing, scratch_dir, sync_tree
 from graphc.model.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
 from graphc.model.file import check_external_data, densify_sparse_initializers, read_external_data
 from graphc.passes.values import onnx_opset, static_shape
@@ -193,7 +193,7 @@ def _initializer_bytes(model: ir.Model) -> int:
 def _read_model_file(path: Path) -> bytes:
     try:
         if not path.is_file():
-            raise ModelLoadError(f"{path}: " + ("not a file (a folder or a device)" if path.exists() else "no such model file"))
+            raise ModelLoadError(f"{path}: " + ("not a file (a folder or a device)" if path.exists() else missing(path, "model file")))
         return path.read_bytes()
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None

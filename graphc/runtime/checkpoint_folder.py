@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from graphc.errors import InputError
-from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
+from graphc.fileio import fsync_dir, missing, remove_stale_temps, stale_temps, sync_tree, temp_path
 from graphc.model.structure import GraphStructure, difference, of
 from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, Header, PathLike,
                                        load, mismatch, own_entry, read_meta, resolve, writable_header)
@@ -172,7 +172,7 @@ def check_training_source(path: Path) -> None:
     front: nothing there, or an ONNX model (read as a checkpoint, it failed as "not a readable
     graphc checkpoint")."""
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such artifact directory or checkpoint")
+        raise FileNotFoundError(f"{path}: {missing(path, 'artifact directory or checkpoint')}")
     if path.is_file() and path.suffix.lower() == ".onnx":
         raise InputError(f"{path} is an ONNX model, not training artifacts or a checkpoint: generate its training "
                          "graphs first (gc.training.generate(model, loss, optimizer).save(DIR), or graphc grad "

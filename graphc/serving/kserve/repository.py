@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError, InputError, ModelLoadError, RequestTooLarge, RunCancelled, TensorTooLarge
+from graphc.fileio import missing
 from graphc.model import Model, load
 from graphc.model.complex_io import complex_spec
 from graphc.model.dtypes import TensorSpec, to_numpy
@@ -310,7 +311,7 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto", all
                     model.metadata["versions"], model.left_out = list(found[model_name]), left_out
             return found
         if not path.is_file():
-            raise ModelLoadError(f"{path}: no such model file or repository folder")
+            raise ModelLoadError(f"{path}: {missing(path, 'model file or repository folder')}")
         model_name = _url_name(name or path.stem, name)
         return {model_name: {"1": ServedModel(model_name, "1", load(path), backend, **options)}}
     model = load(source)
