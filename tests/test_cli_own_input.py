@@ -36,7 +36,8 @@ OWN_INPUT = [  # the command line, the input it names, what the error calls it
 
 
 @pytest.mark.parametrize("args, name, said", OWN_INPUT, ids=[" ".join(args) for args, _, _ in OWN_INPUT])
-def test_an_output_naming_an_input_is_refused_and_the_input_kept(ws, capsys, monkeypatch, args, name, said):
+def test_an_output_naming_an_input_is_refused_and_the_input_kept(ws, capsys, monkeypatch, args, name,
+                                                                 said):
     monkeypatch.chdir(ws)
     before = (ws / name).read_bytes()
     err = one_line_error(run_cli(capsys, *args))

@@ -110,7 +110,8 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
                           "writes the inference model of an artifact directory (graphc grad -o DIR) or of a "
                           "checkpoint (graphc train --checkpoint DIR); to optimize a model use graphc optimize")
     if not path.exists():
-        raise FileNotFoundError(f"{source}: {missing(path, 'artifact directory or checkpoint')}")  # as graphc train says
+        # as graphc train says
+        raise FileNotFoundError(f"{source}: {missing(path, 'artifact directory or checkpoint')}")
     target = checkpoint.resolve(path)
     if not target.exists():
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "

@@ -193,7 +193,8 @@ def _initializer_bytes(model: ir.Model) -> int:
 def _read_model_file(path: Path) -> bytes:
     try:
         if not path.is_file():
-            raise ModelLoadError(f"{path}: " + ("not a file (a folder or a device)" if path.exists() else missing(path, "model file")))
+            raise ModelLoadError(f"{path}: " + ("not a file (a folder or a device)" if path.exists()
+                                                else missing(path, "model file")))
         return path.read_bytes()
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
