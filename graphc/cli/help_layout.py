@@ -3,13 +3,18 @@ typer's type placeholders (``--epochs <int range>``, ``{ARTIFACT_DIR}``, ``ARTIF
 and the command class that does so, which also names a refused value and says Ctrl-C's line.
 Help, ``--version`` and completion scripts print while the command line is parsed, before any
 command runs: parsing too ends on a closed standard output with exit 141 (``interrupted``), not
-click's exit 1."""
+click's exit 1. A usage error (a missing argument, an unknown option or command, a refused value)
+is one line, exit 2, as graphc's other errors: ``error: MESSAGE (graphc train -h: the usage)``,
+not click's usage line, hint, blank line and error."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
+from typer._click.exceptions import UsageError  # typer 0.29's own click: typer.BadParameter's base
 from typer.core import TyperCommand, TyperGroup
 
 from graphc.cli.interrupted import said_when_interrupted
@@ -24,17 +29,42 @@ def argument_word(param: Any) -> str:
     return (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
 
 
+class OneLineUsageError(UsageError):
+    """A usage error printed as graphc prints its errors: ``error: MESSAGE`` on one line (exit 2)."""
+
+    def show(self, file: Any = None) -> None:
+        typer.echo(f"error: {self.format_message()}", err=True)
+
+
+@contextmanager
+def one_line_usage_error() -> Iterator[None]:
+    """A ``UsageError`` raised inside said in one line: its message and where the usage is."""
+    try:
+        yield
+    except OneLineUsageError:  # a command's, passing through its group
+        raise
+    except UsageError as exc:
+        where = f" ({exc.ctx.command_path} -h: the usage)" if exc.ctx is not None else ""
+        raise OneLineUsageError(exc.format_message() + where) from None
+
+
 class ParsingEndsOnClosedPipe:
     """A click command whose parsing (the eager ``--help`` and ``--version`` print there) is cut
-    short like its run: Ctrl-C in one line (exit 130), a closed standard output silently (exit 141)."""
+    short like its run: Ctrl-C in one line (exit 130), a closed standard output silently (exit
+    141); a usage error in one line."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> typer.Context:
-        with said_when_interrupted():
+        with said_when_interrupted(), one_line_usage_error():
             return super().make_context(*args, **kwargs)
 
 
 class PlainHelpGroup(ParsingEndsOnClosedPipe, TyperGroup):
-    """`graphc` and `graphc deploy`: their help and ``--version`` end on a closed pipe as commands do."""
+    """`graphc` and `graphc deploy`: their help and ``--version`` end on a closed pipe as commands
+    do; an unknown command is one line."""
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+        with one_line_usage_error():
+            return super().resolve_command(ctx, args)
 
 
 class PlainHelpCommand(ParsingEndsOnClosedPipe, TyperCommand):
