@@ -200,3 +200,16 @@ def test_a_misspelled_submodule_is_answered_with_the_module_child(ws, capsys):
     err = one_line_error(run_cli(capsys, "capture", f"{ws}/net.py:net.fcc", "-i", "x:float32[N,4]", "-o",
                                  ws / "c.onnx"))
     assert "net.py has no object 'net.fcc' (did you mean 'fc'?)" in err, err
+
+
+@pytest.mark.parametrize("content, said", [(b"", "expected one array saved with np.save (.npy), found a file that "
+                                                 "is neither .npy nor .npz"),
+                                           (None, "a folder, not a file")])
+def test_class_weights_from_an_unreadable_npy_is_one_line(ws, capsys, content, said):
+    """np.load of an empty file raised EOFError, which typer turns into 'Aborted!' and exit 1."""
+    weights = ws / f"weights_{'folder' if content is None else 'empty'}.npy"
+    weights.mkdir() if content is None else weights.write_bytes(content)
+    err = one_line_error(run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y",
+                                 "--class-weights", weights, "-o", ws / "cw"))
+    assert f"InputError: --class-weights {weights}: {said}" in err, err
+    assert not (ws / "cw").exists()

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from graphc.cli import averaging
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
+from graphc.cli.arrays import load_npy
 from graphc.cli.inspect_training import scaling_text
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
@@ -63,10 +64,7 @@ def parse_loss(text: str, class_weights: Optional[str] = None):
 def _class_weights(text: str) -> np.ndarray:
     """``--class-weights``: ``1,2.5,0.5`` or a ``.npy`` file of one weight per class."""
     if text.endswith(".npy"):
-        path = user_path(text)
-        if not path.is_file():
-            raise ValueError(f"--class-weights: no file {text!r}")
-        return np.load(path, allow_pickle=False)
+        return load_npy(user_path(text), "--class-weights")
     try:
         return np.array([float(part) for part in text.split(",")])
     except ValueError:
