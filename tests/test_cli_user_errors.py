@@ -213,3 +213,14 @@ def test_class_weights_from_an_unreadable_npy_is_one_line(ws, capsys, content, s
                                  "--class-weights", weights, "-o", ws / "cw"))
     assert f"InputError: --class-weights {weights}: {said}" in err, err
     assert not (ws / "cw").exists()
+
+
+@pytest.mark.parametrize("args", [["export", "{ws}/arts", "-o", "{ws}/e.onnx"],
+                                  ["optimize", "{ws}/mlp.onnx", "-o", "{ws}/e.onnx"],
+                                  ["deploy", "triton", "{ws}/mlp.onnx", "--repo", "{ws}/repo", "--name", "m"]])
+def test_a_dtype_graphc_cannot_convert_to_is_refused_up_front(ws, capsys, args):
+    """Found by convert_float after the work: export warned first that the artifacts' weights are
+    untrained, then refused the dtype (two lines)."""
+    err = one_line_error(run_cli(capsys, *[a.format(ws=ws) for a in args], "--dtype", "float8"))
+    assert "InputError: --dtype float8: graphc converts to bfloat16 or float16 (did you mean 'float16'?)" in err, err
+    assert not (ws / "e.onnx").exists() and not (ws / "repo").exists()

@@ -305,7 +305,7 @@ def test_trainer_export_and_cli_write_half_models(tmp_path, capsys):
     assert result.code == 0 and "float16" in result.out
     assert gc.load(tmp_path / "opt.onnx").outputs[0].dtype == "float16"
     bad = run_cli(capsys, "optimize", path, "-o", tmp_path / "x.onnx", "--dtype", "float8")
-    assert "dtype must be one of ['bfloat16', 'float16'], got 'float8'" in one_line_error(bad)
+    assert "--dtype float8: graphc converts to bfloat16 or float16 (did you mean 'float16'?)" in one_line_error(bad)
     assert not (tmp_path / "x.onnx").exists()
 
 

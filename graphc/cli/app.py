@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from graphc.cli.help_layout import GraphcTyper
 from graphc.cli.paths import check_not_a_loop, check_not_an_input, check_not_stdout
-from graphc.errors import InputError
+from graphc.errors import InputError, did_you_mean
 
 app = GraphcTyper(
     name="graphc",
@@ -117,14 +117,20 @@ def allow_uncalibrated_option(verb: str) -> Any:
 
 def keep_io_types_option(default: bool, why: str) -> Any:
     """``--keep-io-types/--no-keep-io-types``, defaulting as the API the command calls does;
-    ``why`` ends the help. Call ``check_keep_io_types`` in the command."""
+    ``why`` ends the help. Call ``check_dtype_options`` in the command."""
     return typer.Option(default, "--keep-io-types/--no-keep-io-types",
                         help=f"With --dtype: float32 inputs and outputs stay float32 (Casts at the edges){why}")
 
 
-def check_keep_io_types(ctx: typer.Context, dtype: Optional[str]) -> None:
-    """Refuse ``--keep-io-types``/``--no-keep-io-types`` given without ``--dtype``: without a
-    conversion it would do nothing."""
+def check_dtype_options(ctx: typer.Context, dtype: Optional[str]) -> None:
+    """Refuse up front a ``--dtype`` graphc cannot convert to (found after the work, a warning
+    before it: `graphc export`'s untrained weights), and ``--keep-io-types``/``--no-keep-io-types``
+    given without ``--dtype``: without a conversion it would do nothing."""
+    from graphc.compile.precision import TARGETS
+
+    if dtype is not None and dtype not in TARGETS:
+        raise InputError(f"--dtype {dtype}: graphc converts to {' or '.join(sorted(TARGETS))}"
+                         f"{did_you_mean(dtype, TARGETS)}")
     if dtype is None and given(ctx, "keep_io_types"):
         flag = "--keep-io-types" if ctx.params["keep_io_types"] else "--no-keep-io-types"
         raise ValueError(f"{flag} says how --dtype converts the model's inputs and outputs, and no --dtype "

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (allow_uncalibrated_option, app, check_keep_io_types, check_writable_at, console,
+from graphc.cli.app import (allow_uncalibrated_option, app, check_dtype_options, check_writable_at, console,
                             deploy_app, keep_io_types_option, naming_opset, one_line_warnings)
 from graphc.cli.backend_options import backend_options, threads_option
 from graphc.cli.interrupted import wrote
@@ -48,7 +48,7 @@ def triton_cmd(
 
     check_deployable(model)
     check_writable_at(repo, "--repo", folder=True)
-    check_keep_io_types(ctx, dtype)
+    check_dtype_options(ctx, dtype)
     if dynamic_batching and max_batch_size <= 0:
         raise InputError(f"--dynamic-batching lets Triton merge requests along dim 0, which needs --max-batch-size "
                          f"N > 0 too (got {'no --max-batch-size' if max_batch_size == 0 else max_batch_size})")

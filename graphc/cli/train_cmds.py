@@ -13,7 +13,7 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (JSON_OPTION, OUT_ALIAS, allow_uncalibrated_option, app, check_keep_io_types,
+from graphc.cli.app import (JSON_OPTION, OUT_ALIAS, allow_uncalibrated_option, app, check_dtype_options,
                             check_writable_at, chosen_output, console, err_console, given, keep_io_types_option,
                             naming_opset, one_line_warnings, output_option, print_json)
 from graphc.cli.backend_options import backend_options
@@ -452,7 +452,7 @@ def export_cmd(
     from graphc.passes.precision import RangeWarning
 
     output = chosen_output(output, out, file="model.onnx", inputs={"ARTIFACT_DIR|CHECKPOINT": source})
-    check_keep_io_types(ctx, dtype)
+    check_dtype_options(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = wrote(export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
                                 keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated,
