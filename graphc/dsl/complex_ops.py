@@ -117,7 +117,8 @@ def _div(ar: Part, ai: Part, br: Part, bi: Part) -> tuple[Part, Part]:
     by ``0`` it is ``(a.real / 0, a.imag / 0)``."""
     if bi is None:
         return ar / br, None if ai is None else ai / br
-    like = br if isinstance(br, Tensor) else bi
+    like = next(p for p in (br, bi, ar) if isinstance(p, Tensor))  # ar where b is a complex number
+    br, bi = ops.lift(br, like), ops.lift(bi, like)
     ar, ai = ops.lift(ar, like), ops.scalar(0.0, like) if ai is None else ops.lift(ai, like)
     by_real = ops.abs(br) >= ops.abs(bi)
     large, small = ops.where(by_real, br, bi), ops.where(by_real, bi, br)
@@ -140,12 +141,20 @@ def neg(z: ComplexTensor) -> ComplexTensor:
 
 
 def real(z: ComplexTensor) -> Tensor:
-    """``z.real`` (a real Tensor; torch's is a view, which graphc's is not for writes)."""
-    return parts(z)[0]
+    """``z.real``: a view of ``z``'s pair, as torch's, so a write into it writes ``z`` (``z.real.mul_(2)``)."""
+    return pair(z)[..., 0]
 
 
 def imag(z: ComplexTensor) -> Tensor:
-    return parts(z)[1]
+    return pair(z)[..., 1]
+
+
+def _part(index: int) -> property:
+    """``z.real`` (``index`` 0) or ``z.imag`` (1); assigning one (``z.imag = v``, as ``z.imag += 1`` ends) writes
+    ``v`` into it."""
+    def set_(z: ComplexTensor, value: Any) -> None:
+        inplace.setitem(pair(z), (..., index), value)
+    return property(real if index == 0 else imag, set_)
 
 
 def conj(z: ComplexTensor) -> ComplexTensor:
@@ -226,9 +235,17 @@ def getitem(z: ComplexTensor, index: Any) -> ComplexTensor:
 
 
 def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
-    """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors."""
+    """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors; by a bool
+    mask over leading dims with a value of the trailing ones, a Where (as ``inplace.setitem``'s)."""
     target = pair(z)
-    inplace.setitem(target, _pair_index(index), pair(as_complex(value, ops.lift(0.0, target))))
+    v = pair(as_complex(value, ops.lift(0.0, target)))
+    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= target.ndim - mask.ndim:
+        mask = ops.unsqueeze(mask, list(range(mask.ndim, target.ndim)))
+        ops.broadcast_shape("Where", target, mask)
+        inplace.write(target, ops.where(mask, v, target))
+    else:
+        inplace.setitem(target, _pair_index(index), v)
 
 
 def write(z: ComplexTensor, new: ComplexTensor) -> ComplexTensor:
@@ -398,7 +415,7 @@ METHODS = {
     "__matmul__": complex_matmul, "__rmatmul__": lambda a, b: complex_matmul(b, a),
     "__neg__": neg, "__pos__": lambda a: a, "__abs__": abs, "__getitem__": getitem, "__setitem__": setitem,
     "__eq__": lambda a, b: eq(a, b), "__ne__": lambda a, b: ops_math.logical_not(eq(a, b)),
-    "real": property(real), "imag": property(imag), "conj": conj, "conj_physical": conj, "resolve_conj": conj,
+    "real": _part(0), "imag": _part(1), "conj": conj, "conj_physical": conj, "resolve_conj": conj,
     "abs": abs, "angle": angle, "exp": exp, "sum": sum, "mean": mean, "reshape": reshape, "view": reshape,
     "permute": permute, "transpose": transpose, "unsqueeze": unsqueeze, "detach": detach, "matmul": complex_matmul,
     "cfloat": _of_part_dtype("float32"), "cdouble": _of_part_dtype("float64"),

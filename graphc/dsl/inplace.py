@@ -26,7 +26,7 @@ from graphc.dsl import ops, ops_array, ops_divide, ops_views
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.promotion import can_cast, number_dtype
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.passes.infer import InferenceError, broadcast
@@ -71,7 +71,8 @@ def write(t: Tensor, new: Any) -> Tensor:
     """Rebind ``t`` to ``new`` (same shape) in place, writing through ``t``'s bases; the other live views of
     what was written become out of date. A result of another dtype is cast back where torch casts it
     (``promotion.can_cast``: ``int8_t.mul_(int64_t)`` stays int8), refused where torch refuses (a float into an
-    integer Tensor, an integer into a bool one). Returns ``t``."""
+    integer Tensor, an integer into a bool one, a complex one into a real one). Returns ``t``."""
+    _refuse_complex(t, new)
     new = ops.lift(new, t)
     if new.dtype != t.dtype and not can_cast(new.dtype, t.dtype):
         raise op_error("in-place", [t, new], f"the result's dtype {new.dtype} can't be cast to the written "
@@ -199,13 +200,13 @@ def _put(x: Tensor, select: Any, v: Tensor) -> Tensor:
     iota = ops.emit("Range", [ops.constant(np.asarray(0, np.int64)), ops.emit("Size", [x]),
                               ops.constant(np.asarray(1, np.int64))])
     positions = select(ops.reshape_like(iota, x))
-    v = _broadcast_to(v, positions, x)
+    v = broadcast_value(v, positions, x)
     flat = ops.reshape(x, [-1])
     scattered = ops.emit("ScatterND", [flat, ops.reshape(positions, [-1, 1]), ops.reshape(v, [-1])])
     return ops.reshape_like(scattered, x)
 
 
-def _broadcast_to(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
+def broadcast_value(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
     """``v`` expanded to the written slots' shape; leading size-1 dims beyond it dropped, as torch does."""
     shape = positions.shape
     while v.ndim > len(shape) and v.shape[0] == 1:
@@ -220,10 +221,20 @@ def _broadcast_to(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
     return ops_views.expand_as(v, positions) if v.shape != shape else v
 
 
+def _refuse_complex(t: Tensor, value: Any) -> None:
+    """Refuse a complex value (a complex Tensor, number or array) written into the real Tensor ``t``, as torch."""
+    dtype = value.dtype if isinstance(value, ComplexTensor) else np.asarray(value).dtype if isinstance(
+        value, (complex, np.complexfloating, np.ndarray)) else None
+    if dtype is not None and np.dtype(str(dtype)).kind == "c":
+        raise op_error("in-place", [t], f"a complex value ({dtype}) can't be written into the real tensor {t.name} "
+                       f"of {t.dtype} (as torch's); take its .real, or write out of place: y = ...", user_source())
+
+
 def _as_value(x: Tensor, value: Any, cast: bool = False) -> Tensor:
     """A Tensor ``value`` of ``x``'s dtype as it is, of another one cast to it where it ``cast``s (torch's
     ``copy_`` and ``fill_``), else refused; a Python or numpy value cast to it, as torch casts (an int out of an
-    integer dtype's range refused, as torch's)."""
+    integer dtype's range refused, as torch's). A complex one is refused (``_refuse_complex``)."""
+    _refuse_complex(x, value)
     if isinstance(value, Tensor):
         if cast and value.dtype != x.dtype:
             return ops.cast(value, x.dtype)
@@ -299,12 +310,15 @@ def _fill(t: Tensor, value: Any) -> Tensor:
 
 
 def _copy(t: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
-    """``t.copy_(src)``: a Python number is torch's wrapped number (int64, float64, bool), cast as a Tensor is."""
+    """``t.copy_(src)``: a Python number is torch's wrapped number (int64, float64, bool), cast as a Tensor is; of a
+    complex ``src``, its real part (as torch's)."""
     if number_dtype(src) is not None:
         src = ops.constant(np.asarray(src))
+    if isinstance(src, ComplexTensor):
+        src = src.real
     if not isinstance(src, Tensor):
         raise CaptureError(f"copy_ takes a Tensor or a number src, got {type(src).__name__} (at {user_source()})")
-    return _broadcast_to(_as_value(t, src, cast=True), t, t)
+    return broadcast_value(_as_value(t, src, cast=True), t, t)
 
 
 def _add(a: Tensor, b: Any, *, alpha: Any = 1) -> Tensor:

@@ -179,4 +179,4 @@ for _name, _method in METHODS.items():
 for _name, _method in dim_sizes.DIM_NAME_OPERATORS.items():
     setattr(DimName, _name, _method)
 
-from graphc.dsl import complex_math, complex_ops, complex_pow  # noqa: E402,F401 - binds ComplexTensor's operators and methods too
+from graphc.dsl import complex_inplace, complex_math, complex_ops, complex_pow  # noqa: E402,F401 - binds ComplexTensor's operators and methods too

@@ -276,6 +276,8 @@ class ComplexTensor:
     __array_priority__ = 1001  # before a real Tensor's reflected operators
 
     def __init__(self, pair: Tensor | None = None, parts: tuple[Tensor, Tensor] | None = None):
+        if parts is not None:  # its own Tensors: a later write into one it was made of is not its (torch copies)
+            parts = tuple(Tensor(p.value, p.eager_value) for p in parts)
         self._pair, self._parts, self._built = pair, parts, None
 
     @property
