@@ -391,3 +391,13 @@ def test_gemm_before_opset_7_broadcasts_c_only_when_asked():
     (got,) = ours("Gemm", [a, b, full], {"alpha": 0.5, "beta": 2.0}, 6)
     np.testing.assert_allclose(got, 0.5 * (a @ b) + 2 * full, rtol=1e-5)
     vs_reference("Gemm", [a, b, row], {"alpha": 0.5, "beta": 2.0, "broadcast": 1}, 6)
+
+
+def test_int64_division_past_2_53_is_exact():
+    """Div of int64 truncates exactly where a float64 quotient rounds (|a| past 2**53), as onnxruntime's."""
+    a = _i64(2**62 + 1, -(2**62) - 3, 2**63 - 1, -(2**63) + 1, 2**53 + 1, -7, 7, 0)
+    b = _i64(1, 2, -3, 7, 1, 2, -2, 5)
+    want = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in zip(a.tolist(), b.tolist())]
+    got, ort_got = numpy_vs_ort("Div", [a, b], opset=14)
+    np.testing.assert_array_equal(got[0], np.array(want, np.int64))
+    np.testing.assert_array_equal(ort_got[0], got[0])

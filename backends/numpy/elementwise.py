@@ -31,8 +31,10 @@ _binary("Mul", np.multiply)
 
 @kernel("Div", since=7)
 def div(a, b):
-    if a.dtype.kind in "iu":  # ONNX integer division truncates toward zero
-        return (_same_dtype(np.trunc(np.divide(a, b)), a),)
+    if a.dtype.kind in "iu":  # ONNX integer division truncates toward zero; exact past 2**53 (no float)
+        with np.errstate(divide="ignore", over="ignore"):
+            floor = np.floor_divide(a, b)
+            return (floor + ((floor * b != a) & ((a < 0) != (b < 0))).astype(floor.dtype),)
     return (np.divide(a, b),)
 
 
