@@ -57,6 +57,29 @@ def test_narrow_integer_powers_wrap_as_torchs(case, dtype):
     _assert_torchs(np.asarray(POWERS[case](gc, gc.tensor(a), gc.tensor(b)).numpy()), want)  # outside a capture
 
 
+# name -> fn(M, a, b) of two int32/int64 Tensors, b's powers overflowing, negative, 0 (and past 2**53 in int64)
+WIDE_POWERS = {
+    "a ** b": lambda M, a, b: a ** b, "a ** 25": lambda M, a, b: a ** 25, "a ** 45": lambda M, a, b: a.pow(45),
+    "a ** 2": lambda M, a, b: a ** 2, "a ** 3": lambda M, a, b: a ** 3, "a ** 1": lambda M, a, b: a ** 1,
+    "a ** 0": lambda M, a, b: a ** 0, "3 ** b": lambda M, a, b: 3 ** b, "-3 ** b": lambda M, a, b: (-3) ** b,
+}
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("case", sorted(WIDE_POWERS))
+def test_int32_and_int64_powers_wrap_as_torchs(case, dtype):
+    """onnxruntime's integer Pow goes through double: it saturated (3 ** 25 in int32 was INT_MIN) and lost low
+    bits past 2**53 (3 ** 39 in int64); numpy's refused a negative power."""
+    a = _ints(dtype, (64,))
+    a[:10] = [3, -3, 2, -2, 7, 0, 1, -1, 5, 10]
+    b = RNG.integers(-3, 70, (64,)).astype(dtype)
+    b[:10] = [25, 25, 31, 33, 40, 0, -2, -3, -1, 19] if dtype == "int32" else [45, 39, 63, 65, 40, 0, -2, -3, -1, 19]
+    want = WIDE_POWERS[case](torch, torch.from_numpy(a), torch.from_numpy(b))
+    for backend, got in _run_both(lambda a, b: WIDE_POWERS[case](gc, a, b), {"a": a, "b": b}).items():
+        _assert_torchs(got["output"], want)
+    _assert_torchs(np.asarray(WIDE_POWERS[case](gc, gc.tensor(a), gc.tensor(b)).numpy()), want)  # outside a capture
+
+
 # name -> fn(M, i, j) of an int8 Tensor i [6] and an int32 j [6] (both nonzero-free of |INT_MIN|)
 NUMBER_THEORY = {
     "gcd(bool, int8)": lambda M, i, j: M.gcd(i > 0, i), "lcm(int8, bool)": lambda M, i, j: M.lcm(i, j > 0),
