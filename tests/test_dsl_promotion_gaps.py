@@ -175,6 +175,32 @@ def test_writes_torch_casts_are_torchs(case):
         _assert_torchs(got["output"], want)
 
 
+# name -> fn(M, x, v) writing a 0-D int64 Tensor v through a bool mask of an int8 x: torch's masked_fill_
+MASKED = {"x[mask] = v": _write(lambda M, x: x > 0, lambda v: v),
+          "index_put_(mask, v)": lambda M, x, v: x.clone().index_put_((x > 0,), v),
+          "masked_fill(mask, v)": lambda M, x, v: x.masked_fill(x > 0, v)}
+
+
+@pytest.mark.parametrize("value", [300, -129, 100, -128])
+@pytest.mark.parametrize("case", sorted(MASKED))
+def test_masked_writes_of_a_0d_value_check_its_range_as_torch(case, value):
+    """torch reads the value as a number: out of int8's range refused, else cast. Outside a capture and for a
+    constant in one (gc.tensor(300) in a capture was written as 44; index_put_ wrote 44 outside one too)."""
+    x = np.array([-3, -2, 0, 1, 2, 127], np.int8)
+    try:
+        want = MASKED[case](torch, torch.from_numpy(x), torch.tensor(value))
+    except RuntimeError as exc:
+        assert abs(value) > 128 and "without overflow" in str(exc)
+        with pytest.raises(gc.CaptureError, match=f"{value} does not fit in int8"):
+            MASKED[case](gc, gc.tensor(x), gc.tensor(value))
+        with pytest.raises(gc.CaptureError, match=f"{value} does not fit in int8"):
+            gc.capture(lambda x: MASKED[case](gc, x, gc.tensor(value)), x=gc.spec("int8", x.shape))
+        return
+    _assert_torchs(np.asarray(MASKED[case](gc, gc.tensor(x), gc.tensor(value)).numpy()), want)
+    for backend, got in _run_both(lambda x: MASKED[case](gc, x, gc.tensor(value)), {"x": x}).items():
+        _assert_torchs(got["output"], want)
+
+
 # writes torch's index_put_ refuses: the source's dtype is not the destination's
 REFUSED = {
     "x[idx] = v": _write(lambda M, x: M.tensor([1, 0]) if M is torch else gc.tensor(np.array([1, 0])), lambda v: v),

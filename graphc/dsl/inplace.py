@@ -41,8 +41,8 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     ``x``'s flat iota."""
     advanced = _advanced(index)
     v = _as_value(x, value, cast=not advanced or _masked_fill(advanced, value))
-    if advanced and isinstance(value, Tensor) and value.eager_value is not None and value.dtype != x.dtype:
-        ops.in_range(x.dtype, value.eager_value)  # torch's masked_fill_ reads a number, checks its range
+    if advanced and isinstance(value, Tensor) and value.dtype != x.dtype:
+        ops.known_in_range(x.dtype, value)  # torch's masked_fill_ reads a number, checks its range
     mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
     if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= x.ndim - mask.ndim:
         ops.broadcast_shape("Where", x, mask)

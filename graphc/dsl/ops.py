@@ -169,6 +169,14 @@ def _fits(dtype: str, other: Any, wraps: bool) -> None:
                            f"t.astype('float32') (at {user_source()})")
 
 
+def known_in_range(dtype: str, t: Tensor) -> None:
+    """``in_range`` of a Tensor ``t``'s value where it is known at capture (outside one, or a constant), as
+    torch reads a 0-D Tensor value as a number and checks it."""
+    known = t.eager_value if t.eager_value is not None else current().consts.get(id(t.value))
+    if known is not None:
+        in_range(dtype, known)
+
+
 def in_range(dtype: str, value: Any) -> None:
     """Refuse ints ``value`` out of an integer ``dtype``'s range, as torch checks a Scalar argument (``where``,
     ``clamp``, ``pow``'s exponent, ``masked_fill``), where its elementwise ops wrap it."""

@@ -17,8 +17,8 @@ from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, in_range, int64_accumulated,
-                            lift, log, mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar,
-                            sqrt, squeeze, transpose, unary, unsqueeze, where)
+                            known_in_range, lift, log, mean, reduction, reshape, reshape_like, run_time_int,
+                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.dim_sizes import dim_length, sized
 from graphc.dsl.dims import dim_index, one_element
@@ -78,8 +78,8 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     if not isinstance(value, Tensor):
         in_range(x.dtype, value)
         value = lift(value, x)
-    elif value.eager_value is not None and value.dtype != x.dtype:
-        in_range(x.dtype, value.eager_value)  # torch reads a 0-D value as a number, checked as one
+    elif value.dtype != x.dtype:
+        known_in_range(x.dtype, value)  # torch reads a 0-D value as a number, checked as one
     zero_dim_value("masked_fill", x, value)
     return emit("Where", [mask, value if value.dtype == x.dtype else cast(value, x.dtype), x])
 
@@ -113,8 +113,7 @@ def _filled(fn: str, value: Tensor, dtype: Any, shape_t: Tensor, shape: Any) -> 
     if value.shape is None or len(value.shape):
         raise op_error(fn, [value], f"{fn} takes a number or a 0-D Tensor fill_value (as torch's), got a Tensor "
                        f"of shape {value.shape}; index one element (v[0])", user_source())
-    if value.eager_value is not None:
-        in_range(dtype, value.eager_value)
+    known_in_range(dtype, value)
     value = value if value.dtype == dtype else cast(value, dtype)
     return emit("Expand", [value, shape_t], out_types=[(dtype, shape)])
 

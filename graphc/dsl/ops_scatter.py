@@ -15,8 +15,8 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.indexing import getitem
-from graphc.dsl.ops import (cast, concat, const_i64, constant, emit, lift, reduction, reshape, reshape_like, same_dtype,
-                            scalar, transpose, unsqueeze, where)
+from graphc.dsl.ops import (cast, concat, const_i64, constant, emit, known_in_range, lift, reduction, reshape,
+                            reshape_like, same_dtype, scalar, transpose, unsqueeze, where)
 from graphc.dsl.ops_array import (cumsum, dim_index, dim_length, dim_positions, full_like, ones_like, static_dim,
                                   zeros_like)
 from graphc.dsl.ops_divide import floor_divide
@@ -156,7 +156,8 @@ def index_put(x: Tensor, indices: Sequence[Tensor], values: Any, accumulate: boo
     values = lift(values, x)
     if values.dtype != x.dtype and not accumulate and len(indices) == 1 and lift(indices[0]).dtype == "bool" and \
             values.shape is not None and all(d == 1 for d in values.shape):
-        values = cast(values, x.dtype)  # torch's index_put of one mask and one value is its masked_fill, which casts
+        known_in_range(x.dtype, values)  # torch's index_put of one mask and one value is its masked_fill, which
+        values = cast(values, x.dtype)  # casts a value in the dtype's range
     same_dtype("ScatterND", x, values)
     if values.shape != picked.shape:
         values = emit("Expand", [values, emit("Shape", [picked])], out_types=[(x.dtype, picked.shape)])
