@@ -37,7 +37,7 @@ class Call:
 
     module: Any
     builder: Builder
-    start: int  # where the call's nodes begin in its scope
+    before: frozenset  # its scope's nodes when the call began (a hook's nodes may be put among them later)
     args: tuple
     arg_floats: list[int]
     source: str
@@ -74,12 +74,13 @@ class Call:
     def _hook_inputs(self) -> tuple:
         """``ModuleGradInput`` applied, the call's nodes reading its outputs in the arguments' place; the carriers."""
         nodes = self.builder.scope.nodes
-        called = nodes[self.start:]
+        called = [n for n in nodes if n not in self.before]
         marks = ModuleGradInput.apply(self, *(self.args[i] for i in self.arg_floats))
         inputs = marks[:len(self.arg_floats)]
         firsts = [m.value.producer() for m in inputs]  # Identities of the arguments: before the call's nodes
         nodes[:] = [n for n in nodes if all(n is not f for f in firsts)]
-        nodes[self.start:self.start] = list(dict.fromkeys(firsts))
+        at = 1 + max((i for i, n in enumerate(nodes) if n in self.before), default=-1)  # after the last of them
+        nodes[at:at] = list(dict.fromkeys(firsts))
         readers = {id(n) for n in nested_nodes(called)}
         for i, mark in zip(self.arg_floats, inputs):
             for node, index in list(self.args[i].value.uses()):
@@ -168,7 +169,7 @@ def start(module: Any, args: tuple) -> Call | None:
     if builder is None or not builder.gradients_enabled or not (
             state.get("_backward_hooks") or state.get("_backward_pre_hooks")):
         return None
-    return Call(module, builder, len(builder.scope.nodes), args, _floats(args), user_source())
+    return Call(module, builder, frozenset(builder.scope.nodes), args, _floats(args), user_source())
 
 
 def deprecated_hook_refused() -> NotImplementedError:
