@@ -78,3 +78,46 @@ def test_full_hooks_with_parameter_hooks_match_torch_on_a_computed_input(case, b
         module, attr = name.split(".")
         want = getattr(twins["ab".index(module)], attr).grad.numpy()
         np.testing.assert_allclose(out[f"{name}_grad"], want, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def _hooks_its_input(lib):
+    """A module whose forward hooks its own input (x5), with a full hook clamping grad_input: torch's hook is on
+    the forward's argument, so it sees the gradient before the full hook does."""
+    class Inner(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = lib.nn.Linear(3, 3).double()
+
+        def forward(self, x):
+            x.register_hook(lambda g: g * 5.0)
+            return self.l(x)
+
+    m = Inner()
+    m.register_full_backward_hook(lambda mod, gi, go: (lib.clamp(gi[0], -0.2, 0.2),))
+    return m
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("computed", [False, True])
+def test_a_hook_in_forward_on_the_input_comes_before_the_full_hook_as_torchs(computed, backend):
+    m, twin = _hooks_its_input(gc), _hooks_its_input(torch)
+    twin.load_state_dict({k: torch.tensor(v) for k, v in m.state_dict().items()})
+
+    def f(x):
+        return x * 1.0 if computed else x
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            o = self.m(f(x))
+            return {"loss": (o * o).sum()}
+
+    model = gc.capture(Net(), x=gc.spec("float64", (2, 3)))
+    out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend=backend).run({"x": X})
+    tx = torch.tensor(X, requires_grad=True)
+    o = twin(f(tx))
+    (o * o).sum().backward()
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)

@@ -12,6 +12,7 @@ full hooks.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ class Call:
     args: tuple
     arg_floats: list[int]
     source: str
+    inputs: tuple = ()  # the float arguments as they were when the call began (a hook in forward rebinds them)
     outputs: tuple = ()
     out_floats: tuple[int, ...] = ()
 
@@ -75,15 +77,15 @@ class Call:
         """``ModuleGradInput`` applied, the call's nodes reading its outputs in the arguments' place; the carriers."""
         nodes = self.builder.scope.nodes
         called = [n for n in nodes if n not in self.before]
-        marks = ModuleGradInput.apply(self, *(self.args[i] for i in self.arg_floats))
+        marks = ModuleGradInput.apply(self, *self.inputs)
         inputs = marks[:len(self.arg_floats)]
         firsts = [m.value.producer() for m in inputs]  # Identities of the arguments: before the call's nodes
         nodes[:] = [n for n in nodes if all(n is not f for f in firsts)]
         at = 1 + max((i for i, n in enumerate(nodes) if n in self.before), default=-1)  # after the last of them
         nodes[at:at] = list(dict.fromkeys(firsts))
         readers = {id(n) for n in nested_nodes(called)}
-        for i, mark in zip(self.arg_floats, inputs):
-            for node, index in list(self.args[i].value.uses()):
+        for arg, mark in zip(self.inputs, inputs):
+            for node, index in list(arg.value.uses()):
                 if id(node) in readers:
                     node.replace_input_with(index, mark.value)
         return marks[len(self.arg_floats):]
@@ -169,7 +171,9 @@ def start(module: Any, args: tuple) -> Call | None:
     if builder is None or not builder.gradients_enabled or not (
             state.get("_backward_hooks") or state.get("_backward_pre_hooks")):
         return None
-    return Call(module, builder, frozenset(builder.scope.nodes), args, _floats(args), user_source())
+    floats = _floats(args)
+    return Call(module, builder, frozenset(builder.scope.nodes), args, floats, user_source(),
+                tuple(copy.copy(args[i]) for i in floats))
 
 
 def deprecated_hook_refused() -> NotImplementedError:
