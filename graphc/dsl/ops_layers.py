@@ -24,6 +24,7 @@ from graphc.dsl.ops_pool_windows import empty_pool, windows_pool
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.resize_antialias import antialiased, floor_sizes
 from graphc.dsl.resize_float64 import exact_resize
+from graphc.dsl.resize_nearest import resize_is_faster
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import current, op_error, user_source
@@ -449,7 +450,7 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
             raise op_error("Resize", [x], "mode='area' with scale_factor needs static spatial dims", user_source())
         return adaptive_avg_pool(x, static, nd)
     if static is not None and all(isinstance(n, int) for n in x.shape[2:]) and (
-            mode == "nearest-exact" or x.dtype == "float64" and mode != "nearest"):
+            mode in _NEAREST or x.dtype == "float64") and not resize_is_faster(mode, factors):
         return exact_resize(x, mode, static, factors, align_corners)  # float64: torch's double coordinates
     attrs: dict[str, Any] = {"mode": _RESIZE_MODES[mode]}
     if mode in _NEAREST:

@@ -1,7 +1,6 @@
 """``F.interpolate`` over static spatial dims, as torch computes it for float64: (bi/tri)linear and bicubic
 as MatMuls by constant weight matrices built here in float64 (ONNX Resize takes float32 scales, 4e-7 off
-torch's double source coordinates). nearest keeps ONNX's Resize: torch 2.13's float64 index rule differs by
-rank (its 2-D forward copies at equal and doubled sizes, 1-D and 3-D do not; its backward always does)."""
+torch's double source coordinates); nearest and nearest-exact as Gathers (``resize_nearest``, every dtype)."""
 
 from __future__ import annotations
 
@@ -53,9 +52,9 @@ def interp_weights(mode: str, n_in: int, n_out: int, factor: float | None, align
 def exact_resize(x: Tensor, mode: str, sizes: list[int], factors: list[float] | None,
                  align_corners: bool | None) -> Tensor:
     """``x`` (static spatial dims) resized to ``sizes`` by torch's ``mode`` (``factors``: the scale factors
-    given, or None): nearest-exact by torch's float32 source indices, the others by its doubles."""
-    if mode == "nearest-exact":
-        return nearest_exact(x, sizes, factors)
+    given, or None): nearest(-exact) by torch's float32 source indices, the others by its doubles."""
+    if mode in ("nearest", "nearest-exact"):
+        return nearest_exact(x, sizes, factors, mode)
     kind = "cubic" if mode == "bicubic" else "linear"
     return separable(x, [interp_weights(kind, n, m, None if factors is None else factors[d], bool(align_corners))
                          for d, (n, m) in enumerate(zip(x.shape[2:], sizes))])
