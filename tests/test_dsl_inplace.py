@@ -381,3 +381,19 @@ def _local_writes(lib, x):
 def test_writes_in_a_body_to_its_own_values_match_torch():
     np.testing.assert_allclose(_run(lambda x: _local_writes(gc, x), x=X), _local_writes(torch, torch.tensor(X)),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_shape", [(4,), (4, 5), (4, 5, 6)])
+def test_a_bool_mask_over_leading_dims_writes_whole_rows_as_torch(mask_shape):
+    """``y[m] = v`` with ``m`` over the first dims of a non-square ``y`` (a number, and a row of the trailing dims)."""
+    m = np.random.default_rng(1).random(mask_shape) > 0.5
+
+    def write(lib, x, m):
+        y = x * 1
+        y[m] = 0.5
+        z = x * 2
+        z[m] = x[0, 0, :] if len(mask_shape) == 2 else 0.25
+        return y + z
+
+    got = _run(lambda x, m: write(gc, x, m), x=X, m=m)
+    np.testing.assert_allclose(got, write(torch, torch.tensor(X), torch.tensor(m)), rtol=1e-6, atol=1e-6)

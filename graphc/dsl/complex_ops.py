@@ -235,16 +235,11 @@ def getitem(z: ComplexTensor, index: Any) -> ComplexTensor:
 
 
 def setitem(z: ComplexTensor, index: Any, value: Any) -> None:
-    """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors; by a bool
-    mask over leading dims with a value of the trailing ones, a Where (as ``inplace.setitem``'s)."""
+    """``z[index] = value`` (complex or real), written into ``z``'s pair as graphc writes real Tensors
+    (a bool mask over leading dims: ``inplace.masked_write``)."""
     target = pair(z)
     v = pair(as_complex(value, ops.lift(0.0, target)))
-    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-    if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= target.ndim - mask.ndim:
-        mask = ops.unsqueeze(mask, list(range(mask.ndim, target.ndim)))
-        ops.broadcast_shape("Where", target, mask)
-        inplace.write(target, ops.where(mask, v, target))
-    else:
+    if not inplace.masked_write(target, index, v):
         inplace.setitem(target, _pair_index(index), v)
 
 

@@ -43,13 +43,20 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     v = _as_value(x, value, cast=not advanced or _masked_fill(advanced, value))
     if advanced and isinstance(value, Tensor) and value.dtype != x.dtype:
         ops.known_in_range(x.dtype, value)  # torch's masked_fill_ reads a number, checks its range
-    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-    if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= x.ndim - mask.ndim:
-        ops.broadcast_shape("Where", x, mask)
-        mask = ops.unsqueeze(mask, list(range(mask.ndim, x.ndim))) if mask.ndim < x.ndim else mask
-        write(x, ops.where(mask, v, x))
-    else:
+    if not masked_write(x, index, v):
         write(x, _put(x, lambda positions: getitem(positions, index), v))
+
+
+def masked_write(x: Tensor, index: Any, v: Tensor) -> bool:
+    """``x[index] = v`` as a Where where ``index`` (or its one item) is a bool mask over ``x``'s leading dims and
+    ``v`` broadcasts to the trailing ones; False, nothing written, for any other index."""
+    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if not (isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= x.ndim - mask.ndim):
+        return False
+    mask = ops.unsqueeze(mask, list(range(mask.ndim, x.ndim))) if mask.ndim < x.ndim else mask
+    ops.broadcast_shape("Where", x, mask)
+    write(x, ops.where(mask, v, x))
+    return True
 
 
 def _advanced(index: Any) -> list:
