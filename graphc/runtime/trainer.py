@@ -74,7 +74,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.labels import check_batch_values, check_labels, class_count, class_labels, int64_labels
+from graphc.runtime.labels import check_batch_values, check_data, check_labels, class_count, class_labels, int64_labels
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 from graphc.runtime.weight_averaging import as_model, averaged_names
@@ -713,15 +713,13 @@ class Trainer:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
             if isinstance(loader, DataLoader):  # a RayDataLoader's rows are checked batch by batch, as read
-                check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
-                check_batch_values(self.manifest, loader.arrays, "the training loader", whole=True)
+                check_data(self.manifest, loader.arrays, "the training loader")  # rows, not batch rows
             if self._scheduler is not None:
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch,
                              self.steps_for(self.batch_in_epoch), self.steps_for(len(loader)))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
-            check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
-            check_batch_values(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
+            check_data(self.manifest, eval_loader.arrays, "the eval loader")
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
