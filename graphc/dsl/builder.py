@@ -102,6 +102,14 @@ def made_outside(value: ir.Value) -> bool:
     return bool(value.meta.get(_OUTSIDE_KEY))
 
 
+def known_value(t: Any, eager: bool = False) -> np.ndarray | None:
+    """The array of a Tensor ``t`` where a ``Constant`` node of the current capture made it (``eager``: its
+    example value first, where it has one), else None."""
+    if eager and t.eager_value is not None:
+        return t.eager_value
+    return current().known(t.value)
+
+
 def operand_text(operand: Any) -> str:
     """``float32[N,4]`` for a Tensor (anything with ``type_str()``) or an ``ir.Value``, the repr of
     anything else."""
@@ -266,6 +274,10 @@ class Builder:
         """``value``'s example value where the current scope is evaluated eagerly, else None."""
         return self.values.get(id(value)) if self.scope.eager else None
 
+    def known(self, value: ir.Value) -> np.ndarray | None:
+        """The array of ``value`` where a ``Constant`` node made it (``consts``), else None."""
+        return self.consts.get(id(value))
+
     def add_initializer(self, name: str, array: np.ndarray, exact: bool = True) -> ir.Value:
         """An initializer named ``name`` (``exact=False``: suffixed ``_1``, ... if taken)."""
         name = self.reserve(name) if exact else self.unique(name)
@@ -375,7 +387,7 @@ class Builder:
 
     def _infer(self, node: ir.Node, operands: Sequence[Any], source: str) -> list[tuple]:
         try:
-            return infer(node, self.opset, lambda v: self.consts.get(id(v)), fallback=True)
+            return infer(node, self.opset, self.known, fallback=True)
         except InferenceError as exc:
             raise op_error(node.op_type, operands, str(exc), source) from None
 

@@ -164,7 +164,7 @@ class _Traced:
         builder = self.builder
         if node.op_type == "Constant":
             builder.consts[id(node.outputs[0])] = node.attributes["value"].value.numpy()
-        types = infer(node, builder.opset, lambda v: builder.consts.get(id(v)), fallback=True)
+        types = infer(node, builder.opset, builder.known, fallback=True)
         for v, (dtype, shape) in zip(node.outputs, types):
             if v.type is None and dtype is not None:
                 v.type = ir.TensorType(dtype)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import known_value, op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.passes.infer import InferenceError, broadcast
@@ -193,7 +193,7 @@ def _mask_indices(x: Tensor, mask: Tensor, axis: int) -> list[Tensor]:
         if isinstance(dm, int) and isinstance(dx, int) and dm != dx:
             raise op_error("NonZero", [x, mask], f"the mask's dim {k} ({dm}) does not match axis {axis + k} of the "
                            f"indexed tensor ({dx})", user_source())
-    known = current().consts.get(id(mask.value))
+    known = known_value(mask)
     if known is not None:  # a constant mask (a numpy array): its positions, so the result's length is static
         return [ops.constant(rows.astype(np.int64)) for rows in np.nonzero(known)]
     rows = ops.emit("NonZero", [mask])

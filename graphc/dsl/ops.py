@@ -18,7 +18,7 @@ from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import COMPLEX_PARTS, FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, ComplexTensor, Tensor, complex_refusal, graphc_function, note_views
-from graphc.dsl.builder import Outside, current, made_outside, op_error, user_source
+from graphc.dsl.builder import Outside, current, known_value, made_outside, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.promotion import common_dtype, kind, number_dtype
 from graphc.dsl.upcast import in_float32
@@ -172,7 +172,7 @@ def _fits(dtype: str, other: Any, wraps: bool) -> None:
 def known_in_range(dtype: str, t: Tensor) -> None:
     """``in_range`` of a Tensor ``t``'s value where it is known at capture (outside one, or a constant), as
     torch reads a 0-D Tensor value as a number and checks it."""
-    known = t.eager_value if t.eager_value is not None else current().consts.get(id(t.value))
+    known = known_value(t, eager=True)
     if known is not None:
         in_range(dtype, known)
 
@@ -239,7 +239,7 @@ def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, nu
     for out in outs:
         _real(out)
     if op in VIEW_OPS and inputs[0] is not None:
-        steps = builder.consts.get(id(inputs[4].value)) if op == "Slice" and len(inputs) > 4 else 1
+        steps = builder.known(inputs[4].value) if op == "Slice" and len(inputs) > 4 else 1
         note_views(op, list(inputs), attrs, outs, steps)
     return outs[0] if num_outputs == 1 else outs
 
@@ -284,7 +284,7 @@ def _integer_power(a: Tensor, b: Tensor) -> Tensor:
     negative powers. A constant 0-D power >= 0 unrolls into its multiplications (a scalar 2 or 3 of int32/int64
     stays one ONNX Pow: both backends multiply for it, exactly); else as many masked steps as the exponent's
     bits (a constant's, else the dtype's), a negative power 1 of base 1, +-1 of base -1 and 0 of the others."""
-    known = current().consts.get(id(b.value))
+    known = known_value(b)
     narrow = a.dtype in ("int8", "int16", "uint8")
     work = "int32" if narrow else a.dtype
     wrap = (lambda t: cast(cast(t, a.dtype), work)) if narrow else (lambda t: t)  # noqa: E731

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import control
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import current, known_value, op_error, user_source
 from graphc.dsl.ops import cast, constant, detach, emit, exp, lift, log, maximum, sqrt, where
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops_gamma_grad import implicit_term, standard_gamma_grad
@@ -41,7 +41,7 @@ def _float_input(fn: str, x: Any, name: str, want: str = "", ok: Callable[[np.nd
     if t.dtype not in FLOAT_DTYPES:
         raise op_error(fn, [t], f"{name} must be a floating point Tensor, got {t.dtype} (torch refuses it too)",
                        user_source())
-    value = current().consts.get(id(t.value)) if ok is not None else None
+    value = known_value(t) if ok is not None else None
     with np.errstate(invalid="ignore"):
         if value is not None and not np.all(ok(np.asarray(value))):
             raise op_error(fn, [t], f"{name} must be {want}, got {np.asarray(value)}", user_source())

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import known_value, op_error, user_source
 from graphc.dsl.ops import const_i64, constant, emit, lift, reshape, transpose
 from graphc.dsl.ops import squeeze as squeeze_axes
 from graphc.dsl.ops import unsqueeze as unsqueeze_axes
@@ -80,7 +80,7 @@ def _sections_or_cuts(x: Tensor, t: Tensor) -> Tensor | int:
             raise op_error("Slice", [x, t], "tensor_split needs a static number of indices (the number of pieces)",
                            user_source())
         return t
-    sections = current().consts.get(id(t.value))
+    sections = known_value(t)
     if sections is None:
         raise op_error("Slice", [x, t], "tensor_split takes a 0-d Tensor of sections only as a constant: the number "
                        "of pieces must be known at capture (pass an int)", user_source())

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import known_value, op_error, user_source
 from graphc.dsl.ops import cast, lift, scalar, unsqueeze, where
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_array import arange, cumsum
@@ -32,7 +32,7 @@ def _lengths(data: Tensor, lengths: Any, offsets: Any, axis: int) -> tuple[Tenso
     if t.dtype not in ("int32", "int64") or t.ndim != axis + 1:
         raise op_error(fn, [data, t], f"{name} must be int32/int64 of rank axis + 1 = {axis + 1}, got {t.type_str()}",
                        user_source())
-    known = current().consts.get(id(t.value), t.eager_value)
+    known = known_value(t, eager=True)
     t = cast(t, "int64")
     if lengths is not None:
         return t, known

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.autocast import autocast_op
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import known_value, op_error, user_source
 from graphc.dsl.devices import factory
 from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, reshape, squeeze, transpose, unsqueeze
 from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
@@ -128,7 +128,7 @@ def _window_array(fn: str, operand: Tensor, window: Any, n_fft: int, win: int) -
     if isinstance(window, Tensor) and window.dtype != operand.dtype:
         raise op_error(fn, [operand, window], f"window: expected the input's dtype {operand.dtype}, got "
                        f"{window.dtype}", user_source())
-    known = window if isinstance(window, np.ndarray) else current().consts.get(id(window.value))
+    known = window if isinstance(window, np.ndarray) else known_value(window)
     left = (n_fft - win) // 2
     if known is not None:
         return np.pad(np.asarray(known, np.float64), (left, n_fft - win - left))

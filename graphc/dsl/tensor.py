@@ -254,9 +254,9 @@ def view_strides(old_shape: tuple[int, ...], old: tuple[int, ...], shape: tuple[
 
 
 def _sliced(old: tuple[int, ...], inputs: list) -> tuple[int, ...] | None:
-    consts = current().consts
-    axes = consts.get(id(inputs[3]._ir)) if len(inputs) > 3 and inputs[3] is not None else range(len(old))
-    steps = consts.get(id(inputs[4]._ir)) if len(inputs) > 4 and inputs[4] is not None else np.ones(len(old))
+    builder = current()
+    axes = builder.known(inputs[3]._ir) if len(inputs) > 3 and inputs[3] is not None else range(len(old))
+    steps = builder.known(inputs[4]._ir) if len(inputs) > 4 and inputs[4] is not None else np.ones(len(old))
     if axes is None or steps is None:
         return None
     out = list(old)

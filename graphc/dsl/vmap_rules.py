@@ -159,7 +159,7 @@ def rank_of(value: ir.Value, a: Arg | None = None) -> int:
 def const_of(b: Batching, value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
-    found = b.builder.consts.get(id(value))
+    found = b.builder.known(value)
     return const_array(value) if found is None else found
 
 

@@ -36,12 +36,12 @@ def fail(dist: str, operands: list, msg: str) -> CaptureError:
 def known(t: Tensor) -> np.ndarray | None:
     """``t``'s values where it is a constant of the graph (a Python number or array), expanded or not (the
     array before expansion), else None."""
-    value, consts = t.value, current().consts
+    value = t.value
     node = value.producer()
     while node is not None and node.op_type == "Expand":  # broadcast_tensors expands by each other's shape
         value = node.inputs[0]
         node = value.producer()
-    return consts.get(id(value))
+    return current().known(value)
 
 
 def check(dist: str, name: str, t: Tensor, constraint: tuple, extra: Any = None) -> None:
