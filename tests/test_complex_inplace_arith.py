@@ -10,41 +10,27 @@ import pytest
 
 import graphc as gc
 
+try:
+    from complex_inplace_util import Written, torch_written
+except ImportError:  # tests/ collected as a package
+    from tests.complex_inplace_util import Written, torch_written
+
 torch = pytest.importorskip("torch")
 
 SHAPE = (3, 4)
 
 
-class _Written(gc.nn.Module):
-    """A clone of a complex Parameter written in place by ``fn``; the loss weighs its (real, imag) pair by ``r``."""
-
-    def __init__(self, fn, z):
-        super().__init__()
-        self.fn, self.z = fn, gc.nn.Parameter(z, dtype=gc.complex128)
-
-    def forward(self, r):
-        w = self.z * 1
-        self.fn(gc, w)
-        return (gc.view_as_real(w) * r).sum(), w.real, w.imag, w.abs(), w.angle()
-
-
-def _torch(fn, z, r):
-    zt = torch.tensor(z, requires_grad=True)
-    w = zt * 1
-    fn(torch, w)
-    loss = (torch.view_as_real(w) * torch.from_numpy(r)).sum()
-    loss.backward()
-    return [loss.item(), *(t.detach().numpy() for t in (w.real, w.imag, w.abs(), w.angle())),
-            torch.view_as_real(zt.grad).numpy()]
+def _parts(w):
+    return w.real, w.imag, w.abs(), w.angle()
 
 
 def _check(fn, backend="numpy"):
     rng = np.random.default_rng(0)
     z = (rng.standard_normal(SHAPE) + 1j * rng.standard_normal(SHAPE)) * 0.7
     r = rng.standard_normal((*SHAPE, 2))
-    model = gc.capture(_Written(fn, z), r=gc.spec("float64", r.shape))
+    model = gc.capture(Written(fn, z, _parts), r=gc.spec("float64", r.shape))
     got = gc.Session(gc.grad(model, "output_0"), backend=backend).run({"r": r})
-    want = _torch(fn, z, r)
+    want = torch_written(torch, fn, z, r, _parts)
     for k, name in enumerate(("output_0", "output_1", "output_2", "output_3", "output_4")):
         np.testing.assert_allclose(got[name], want[k], rtol=1e-12, atol=1e-13, err_msg=name)
     np.testing.assert_allclose(got["z_grad"], want[5], rtol=1e-10, atol=1e-12)
