@@ -615,6 +615,35 @@ def test_class_weighted_cross_entropy_trains_and_evaluates_as_one_process(ray_cl
     dp.shutdown()
 
 
+@pytest.mark.parametrize("classes,labels", [([1.0, -0.5, 2.0], [0, 2, 0, 2, 1, 1, 1, 1]),
+                                             ([1.0, -1.0, 2.0], [0, 2, 2, 2, 0, 1, 0, 1])])
+def test_class_weights_of_any_sign_weigh_each_shard_as_torch_on_the_whole_batch(ray_cluster, classes, labels):
+    """torch takes class weights of any sign: rank 1's shard (rows 4:8) weighs -2 in the first
+    case, 0 in the second, where its labels' weights cancel but its weighted losses do not. The
+    first was left out of the gradients' average (params 0.20 off torch's after a step), the
+    second of the loss and gradients (loss 1.669 for torch's 1.537, params 0.18 off); now the
+    first weighs -2 and the second is joined to rank 0's shard, as one batch."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(nn.Linear(6, 3, dtype="float64"), seed=0, x=gc.spec("float64", ("N", 6)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", weight=classes),
+                                gc.optim.SGD(0.5))
+    batch = {"x": np.random.default_rng(0).standard_normal((8, 6)), "y": np.array(labels)}
+    dp = gc.Trainer(arts, **{**WORKER, "backend": "numpy"})
+    twin = torch.nn.Linear(6, 3).double()
+    twin.load_state_dict({k: torch.tensor(v) for k, v in dp.params.items()})
+    descent = torch.optim.SGD(twin.parameters(), lr=0.5)
+    for _ in range(2):
+        descent.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(torch.tensor(batch["x"])), torch.tensor(batch["y"]),
+                                                 weight=torch.tensor(classes, dtype=torch.float64))
+        assert dp.evaluate(batch)["loss"] == pytest.approx(loss.item(), rel=1e-12)
+        assert dp.step(batch) == pytest.approx(loss.item(), rel=1e-12)
+        loss.backward()
+        descent.step()
+    _close(dp.params, {k: v.detach().numpy() for k, v in twin.state_dict().items()}, rtol=1e-12, atol=1e-15)
+    dp.shutdown()
+
+
 def test_a_summed_loss_fits_to_one_processs_epoch_losses(ray_cluster):
     """With ``reduction="sum"`` each worker's shard sum adds up to the batch's; the epoch's train
     and eval losses are the totals per row (``averaging.epoch_weight``), one process's numbers:

@@ -296,7 +296,7 @@ class Replica(ShardedUpdate):
         """The update's feeds: the carried tensors and every worker's gradients (``gathered``: by
         rank, None for an empty shard) averaged by their weights, after rank 0's statistics are taken."""
         self._take_stats(gathered[0]["stats"])
-        done = [g for g in gathered if g is not None and (g["weight"] > 0 or "scale" in g)]  # "scale": staged
+        done = [g for g in gathered if g is not None and (g["weight"] != 0 or "scale" in g)]  # "scale": staged
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
         shares = [g.get("scale", g["weight"] / total) for g in done]

@@ -29,21 +29,25 @@ def spans(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def joined(loss: dict, bounds: list[tuple[int, int]], feeds: Mapping[str, np.ndarray]) -> list[tuple[int, int]]:
-    """``bounds`` with each shard whose counted labels all have class weight 0 joined to the
-    shard before it (the first one to the shard after it), for a class-weighted mean
-    cross-entropy (``loss``, the manifest's) with label smoothing: there such a shard still adds
-    its smoothing term to the batch's weighted sum, which its own mean divides by a weight of 0
-    (an ``inf`` the shard average could only drop). Without smoothing it adds 0, and counts for
-    nothing."""
+    """``bounds`` with each shard whose labels count (not all ignored) but whose class weights sum
+    to 0 joined to the shard before it (the first one to the shard after it), for a class-weighted
+    mean cross-entropy (``loss``, the manifest's): the shard's own mean divides by a weight of 0
+    (a NaN or inf the shard average could only drop), while it adds to the batch's weighted sum
+    where its labels' weights are not all 0 (of both signs, as torch's may be, they cancel) or
+    with label smoothing (its smoothing term). Labels of weight 0 alone, unsmoothed, add 0: such a
+    shard counts for nothing and stays one."""
     options = loss.get("options") or {}
     labels = feeds.get(loss.get("label"))
-    if labels is None or options.get("weight") is None or not options.get("label_smoothing") or \
-            options.get("reduction", "mean") != "mean":
+    if labels is None or options.get("weight") is None or options.get("reduction", "mean") != "mean":
         return bounds
+    classes = np.asarray(options["weight"], np.float64)
 
     def weightless(lo: int, hi: int) -> bool:
         part = {loss["label"]: labels[lo:hi]}
-        return examples(loss, part, hi - lo) > 0 and shard_weight(loss, part, hi - lo) == 0
+        if not examples(loss, part, hi - lo) or shard_weight(loss, part, hi - lo) != 0:
+            return False
+        counted = part[loss["label"]][part[loss["label"]] != options.get("ignore_index", -100)]
+        return bool(options.get("label_smoothing")) or bool(classes[np.clip(counted, 0, len(classes) - 1)].any())
 
     out: list[list[int]] = []
     for lo, hi in bounds:
