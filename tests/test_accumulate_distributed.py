@@ -276,6 +276,33 @@ def test_micro_batches_of_ignored_labels_and_empty_shards_weigh_as_one_process(r
         dp.shutdown()
 
 
+def test_a_workers_micro_batches_whose_class_weights_cancel_count_as_torch_on_the_whole_batch(ray_cluster):
+    """k=2, class weights [1, -1, 2]: rank 1's shards weigh 2 and -2, so its step's gradients have no
+    mean (total weight 0) but a weighted sum; they were left out (params 0.25 off after 2 SGD
+    steps), and now add to the workers' average as torch's mean over the 16 rows (1e-12)."""
+    classes = [1.0, -1.0, 2.0]
+    model = gc.capture(gc.nn.Linear(6, 3, dtype="float64"), seed=0, x=gc.spec("float64", ("N", 6)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", weight=classes),
+                                gc.optim.SGD(0.5))
+    batch = {"x": RNG.standard_normal((16, 6)), "y": np.array([2, 2, 2, 2, 0, 0, 0, 1, 2, 2, 2, 2, 1, 1, 1, 0])}
+    dp = gc.Trainer(arts, accumulate=2, **WORKERS)
+    try:
+        twin = torch.nn.Linear(6, 3).double()
+        twin.load_state_dict({k: torch.tensor(v) for k, v in dp.params.items()})
+        descent = torch.optim.SGD(twin.parameters(), lr=0.5)
+        for _ in range(2):
+            descent.zero_grad()
+            loss = torch.nn.functional.cross_entropy(twin(torch.tensor(batch["x"])), torch.tensor(batch["y"]),
+                                                     weight=torch.tensor(classes, dtype=torch.float64))
+            assert dp.step(batch) == pytest.approx(loss.item(), rel=1e-12)
+            loss.backward()
+            descent.step()
+        _assert_state(dp, {k: v.detach().numpy() for k, v in twin.state_dict().items()})
+        _workers_agree(dp)
+    finally:
+        dp.shutdown()
+
+
 def test_a_killed_worker_restarts_from_the_epochs_start_with_each_steps_loss_and_norm(ray_cluster):
     """k=2, 3 epochs of 4 optimizer steps: rank 1 killed before step 6 (epoch 2's second, its
     gradients summed over 2 micro-batches): the workers restart from step 4's state (epoch 2's

@@ -18,7 +18,10 @@ class LocalSums:
     ``add`` returns, after the step's last micro-batch, what ``Replica.apply`` combines: the sums
     over the weights' total (the worker's mean over all its rows of the step) with that total as
     its weight, so the workers' weighted average is the mean over every row of the step's k
-    global batches, as one process with ``accumulate=k``. A summed loss's shards weigh 1 and
+    global batches, as one process with ``accumulate=k``. Where the weights total 0 but not every
+    gradient was (class weights of both signs, each micro-batch's shard counting), the sums are the
+    weighted sum itself, marked ``summed``: ``Replica._averaged`` divides it by the workers' total
+    weight. A summed loss's shards weigh 1 and
     its average divides by 1: the gradients just add up. Gradients of a backward seeded with
     the shard's share (``divisor`` given: that of the worker's total weight for the step,
     ``DistributedAccumulatingTrainer._seed_shares``) come weighted: they are added at 1, and
@@ -62,7 +65,10 @@ class LocalSums:
         if index + 1 < count or not self._seen:
             return None
         mean = self._weight if divisor is None else self._weight / divisor  # seeded mean loss: 1.0
+        summed = not self._weight and bool(self._sums)  # class weights that cancel: no mean, a weighted sum
+        if summed:
+            mean = 1.0 if divisor is None else 1.0 / divisor
         with np.errstate(over="ignore", invalid="ignore"):
-            grads = {name: (acc / mean).astype(self._dtypes[name], copy=False)
-                     for name, acc in self._sums.items()} if self._weight else {}
-        return {"weight": self._weight, "grads": grads, "stats": self._stats, "touched": self._touched}
+            grads = {name: (acc / mean).astype(self._dtypes[name], copy=False) for name, acc in self._sums.items()}
+        return {"weight": self._weight, "grads": grads, "stats": self._stats, "touched": self._touched,
+                **({"summed": True} if summed else {})}

@@ -296,10 +296,11 @@ class Replica(ShardedUpdate):
         """The update's feeds: the carried tensors and every worker's gradients (``gathered``: by
         rank, None for an empty shard) averaged by their weights, after rank 0's statistics are taken."""
         self._take_stats(gathered[0]["stats"])
-        done = [g for g in gathered if g is not None and (g["weight"] != 0 or "scale" in g)]  # "scale": staged
+        done = [g for g in gathered if g is not None and (g["weight"] != 0 or "scale" in g or "summed" in g)]
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
-        shares = [g.get("scale", g["weight"] / total) for g in done]
+        # "scale": a staged step's share; "summed": a weighted sum (``LocalSums``), not a mean
+        shares = [g.get("scale", (1.0 if "summed" in g else g["weight"]) / total) for g in done]
         for name in done[0]["grads"]:
             feeds[name] = weighted_sum([g["grads"][name] for g in done], shares)
         for name in (n for n in self._touched if n in self._update_inputs):  # stepped where any worker read it
