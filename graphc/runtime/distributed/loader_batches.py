@@ -42,10 +42,14 @@ def ray_data_first(fit: Callable) -> Callable:
     return storing_first
 
 
+READS = ("iter_epoch", "order", "batch", "column")  # what one process iterates by, the driver and workers read by
+
+
 def read_on_workers(loader) -> bool:
     """Whether the workers read ``loader``'s batches themselves: a ``DataLoader`` or ``RayDataLoader``
-    iterated as the class does (a subclass's own ``iter_epoch`` runs on the driver)."""
-    return any(isinstance(loader, kind) and type(loader).iter_epoch is kind.iter_epoch
+    read as the class does (``READS``). A subclass's own ``batch`` (an augmentation, say) or ``order``
+    would run on the workers, per shard, but not in one process's iteration: it runs on the driver."""
+    return any(isinstance(loader, kind) and all(getattr(type(loader), m) is getattr(kind, m) for m in READS)
                for kind in (DataLoader, RayDataLoader))
 
 
