@@ -91,7 +91,7 @@ class PerformanceWarning(UserWarning):
 
 class DataParallelWarning(UserWarning):
     """Data-parallel workers may not compute what one process on the whole batch does, and say why
-    (``gc.Trainer(workers=N)`` on a model whose forward mixes the batch's rows)."""
+    (``gc.Trainer(workers=N)`` or ``gc.distributed.map_batches`` on a model whose forward mixes the batch's rows)."""
 
 
 class UncalibratedWarning(UserWarning):

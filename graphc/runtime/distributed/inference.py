@@ -20,6 +20,7 @@ import numpy as np
 from graphc.errors import GraphError, InputError
 from graphc.model import complex_io
 from graphc.runtime.distributed.cluster import check_resources, connect, get
+from graphc.runtime.distributed.mixed_rows import warn_mixed_batches
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.runtime.feeds import optional_inputs, validate_feeds
 
@@ -101,6 +102,7 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         raise GraphError(f"map_batches: output(s) {'; '.join(whole)} do not start with the batch dim {dim!r} of the "
                          "inputs, so the batches' outputs cannot be joined by rows; run gc.Session on the whole data")
     dataset = _is_dataset(data)
+    split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True)}
     if not dataset:  # checked whole, as one gc.Session would, before any worker starts
         if not isinstance(data, Mapping):
             raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
@@ -108,11 +110,13 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         complex_inputs, _ = complex_io.complex_names(loaded.ir.metadata_props)
         arrays = validate_feeds(loaded.inputs, complex_io.pairs_of(loaded.inputs, complex_inputs, data),
                                 optional_inputs(loaded))
-        split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True) and s.name in arrays}
+        split = {n for n in split if n in arrays}
         rows = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in split}
         if len(set(rows.values())) != 1 or None in rows.values():
             raise InputError(f"map_batches: every input whose first dim is {dim!r} needs the same number of rows; "
                              f"got {rows}")
+    if dataset or next(iter(rows.values())) > batch_size:  # more than one batch
+        warn_mixed_batches(loaded, split)
     ray = connect(ray_address, "gc.distributed.map_batches")
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1.0) // max(num_cpus, 1e-9)))
