@@ -4,6 +4,7 @@ text-protobuf parser for Triton's config.pbtxt, and a server on a free loopback 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import threading
@@ -63,6 +64,58 @@ def mixed_feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((n, 4)).astype(np.float32),
             "idx": rng.integers(-100, 100, size=(n, 3)).astype(np.int64),
             "mask": rng.random((n, 4)) < 0.5}
+
+
+def sum_model() -> onnx.ModelProto:
+    """x float32[n] -> y = ReduceSum(x) float32[]: a request as large as its input, a reply of one number."""
+    graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "sum",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def sum_request(megabytes: float) -> bytes:
+    """An infer request (head and body) for ``sum_model`` whose binary tensor is ``megabytes`` MB of float32 ones."""
+    data = np.ones(int(megabytes * 1e6) // 4, np.float32).tobytes()
+    header = json.dumps({"inputs": [{"name": "x", "shape": [len(data) // 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return b"POST /v2/models/sum/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: %d\r\n" \
+           b"Content-Length: %d\r\n\r\n%s%s" % (len(header), len(header) + len(data), header, data)
+
+
+def flood(port: int, pid: int, clients: int, request: bytes) -> tuple[float, float, list[bytes]]:
+    """``clients`` connections that each send ``request`` at once, whole, then read its reply:
+    the server's RSS (MB) before, its peak meanwhile (sampled every 10 ms), and the replies."""
+    replies: list[bytes] = []
+    before, peak, done = rss_mb(pid), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb(pid))
+            time.sleep(0.01)
+
+    def client() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+            try:
+                sock.sendall(request)
+            except OSError:  # refused from its headers and closed after its linger: its reply is still read
+                pass
+            replies.append(read_reply(sock))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        done.set()
+        sampler.join()
+    return before, peak[0], replies
 
 
 def fixed_model() -> onnx.ModelProto:

@@ -170,6 +170,7 @@ CLI_ONLY = {
     ("serve", "max_reply_bytes"): "None: serve's own max_reply_bytes",
     ("serve", "max_tensor_bytes"): "None: serve's own max_tensor_bytes",
     ("serve", "max_request_bytes"): "None: serve's own max_request_bytes",
+    ("serve", "max_inflight_bytes"): "None: serve's own max_inflight_bytes (4 x max_body_bytes)",
     ("serve", "request_timeout"): "None: serve's own request_timeout (120 s); 0 there is None, no limit",
 }
 

@@ -91,6 +91,7 @@ def serve_cmd(
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
     max_tensor_bytes: Optional[int] = typer.Option(None, "--max-tensor-bytes", help="Largest tensor a request's values may size (413 above; default 4 GiB)."),
     max_request_bytes: Optional[int] = typer.Option(None, "--max-request-bytes", help="Most bytes of tensors such a model may hold at once for a request (413 above; default 8 GiB)."),
+    max_inflight_bytes: Optional[int] = typer.Option(None, "--max-inflight-bytes", help="Most bytes of request bodies and replies held at once, all requests together (503 with Retry-After above, the body unread; default 4 x --max-body-bytes)."),
     allow_unchecked: bool = typer.Option(False, "--allow-unchecked", help="Serve models whose value-sized tensors the backend cannot bound before running them (ort: ops in Loop/If/Scan bodies), unbounded."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", metavar="SECONDS", help="Seconds a connection has to send a whole request (default 30)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
@@ -118,10 +119,15 @@ def serve_cmd(
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
                                             ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),
                                             ("max_tensor_bytes", max_tensor_bytes), ("max_request_bytes", max_request_bytes),
+                                            ("max_inflight_bytes", max_inflight_bytes),
                                             ("read_timeout", read_timeout)) if value is not None}
     for key, value in limits.items():
         if value <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    body_cap = limits.get("max_body_bytes", serving.DEFAULT_MAX_BODY_BYTES)
+    if limits.get("max_inflight_bytes", body_cap) < body_cap:
+        raise ValueError(f"--max-inflight-bytes must be at least --max-body-bytes ({body_cap}), or a body the server "
+                         f"takes could never be read; got {max_inflight_bytes}")
     timeouts = {"read_timeout": limits.pop("read_timeout")} if "read_timeout" in limits else {}
     if request_timeout is not None:
         if not 0 <= request_timeout < math.inf:  # NaN too

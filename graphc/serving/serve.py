@@ -30,7 +30,8 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
                max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
                max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any):
+               allow_unchecked: bool = False, allow_uncalibrated: bool = False, max_inflight_bytes: int | None = None,
+               **session_options: Any):
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
     (``gc.Session``'s, e.g. ``threads``). The limits and ``allow_uncalibrated`` are ``serve``'s."""
@@ -39,7 +40,7 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
     models = load_models(model_or_path_or_repo, name=name, backend=backend, allow_uncalibrated=allow_uncalibrated,
                          **session_options)
     return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
-                   max_tensor_bytes, max_request_bytes, allow_unchecked)
+                   max_tensor_bytes, max_request_bytes, allow_unchecked, max_inflight_bytes)
 
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",
@@ -49,7 +50,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           on_ready: Callable[..., None] | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
           max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
           max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-          allow_unchecked: bool = False, allow_uncalibrated: bool = False, **session_options: Any) -> None:
+          allow_unchecked: bool = False, allow_uncalibrated: bool = False, max_inflight_bytes: int | None = None,
+          **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
     seconds is dropped; a run still going after ``SHUTDOWN_GRACE``, 30 s, is stopped and its
@@ -95,13 +97,19 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             model metadata records them: ``graphc.model.quantizers``; ``gc.optimize`` keeps the record),
             with the scales they were built with (1.0 unless set by hand); refused at load
             (``ModelLoadError`` naming the model, version and quantizations) by default.
+        max_inflight_bytes: the most bytes of infer requests' bodies and replies the server holds
+            at once (None: 4 times ``max_body_bytes``; at least ``max_body_bytes``). A request is
+            counted from its headers (all of its ``Content-Length``; a chunked body as it arrives)
+            until its reply is read or it fails; one that would pass the limit gets a 503 with
+            ``retry-after: 1`` and ``connection: close``, its body unread.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     serve_app(create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
                          max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
                          request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes,
                          max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked,
-                         allow_uncalibrated=allow_uncalibrated, **session_options),
+                         allow_uncalibrated=allow_uncalibrated, max_inflight_bytes=max_inflight_bytes,
+                         **session_options),
               host, port, read_timeout=read_timeout, log_level=log_level, access_log=access_log, on_ready=on_ready)
 
 

@@ -152,7 +152,8 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                                       "values size over --max-tensor-bytes"),
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
                               ("501", "Unsupported Transfer-Encoding"),
-                              ("503", "Backend unavailable, the server holds --max-queue requests, or it is shutting down"),
+                              ("503", "Backend unavailable, the server holds --max-queue requests or "
+                                      "--max-inflight-bytes of bodies and replies, or it is shutting down"),
                               ("504", "The model did not answer within --request-timeout"))}},
         }
 
@@ -244,7 +245,8 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
                max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
                max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, allow_unchecked: bool = False) -> KServeApp:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, allow_unchecked: bool = False,
+               max_inflight_bytes: int | None = None) -> KServeApp:
     """The KServe v2 app for already-loaded models, name -> version -> model as
     ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load).
     ``ModelLoadError`` for a model whose value-sized tensors its backend cannot bound before it
@@ -255,7 +257,7 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
         _require_bounded(models)
     registry = ModelRegistry(models)
     app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
-                                     max_tensor_bytes, max_request_bytes),
+                                     max_tensor_bytes, max_request_bytes, max_inflight_bytes),
                     title="graphc KServe v2 server", version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 

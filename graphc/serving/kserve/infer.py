@@ -21,6 +21,7 @@ from anyio import CapacityLimiter, to_thread
 
 from graphc.errors import BackendUnavailable, GraphcError, RunCancelled
 from graphc.serving.kserve.deadline import DEFAULT_REQUEST_TIMEOUT, Deadline
+from graphc.serving.kserve.inflight import Claim, InflightBytes
 from graphc.serving.kserve.protocol import ProtocolError, decode_request, encode_response, error_body
 from graphc.serving.kserve.repository import ServedModel
 
@@ -62,6 +63,13 @@ DEFAULT_MAX_REQUEST_BYTES = 8 << 30
 # freed at once, so a client that sent requests and read no replies held a 64 MB reply per connection
 # for the read timeout, however many connections, past --max-queue (8 connections: +525 MB).
 REPLY_CHUNK = 256 << 10
+# Request bodies and replies held at once, by default: as many of the largest bodies as decode and run
+# at once (``HEAVY_AT_ONCE``), so a flood of large requests runs as fast as before and holds no more
+# (``inflight.py``); past it a request gets 503 before its body is read.
+INFLIGHT_BODIES = HEAVY_AT_ONCE
+# What a 503 that asks the client to come back says besides its body: the connection closes, as the
+# request's body is never read.
+_BUSY_HEADERS = [(b"connection", b"close"), (b"retry-after", b"1")]
 _log = logging.getLogger("graphc.serve")
 
 
@@ -80,13 +88,22 @@ class Limits:
     its reply, bytes of one tensor its values size (``tensor``) and of those live at once (``live``),
     seconds from its body to its answer (``timeout``, None: no limit), and how many requests larger
     than ``HEAVY_BYTES`` (or compressed) decode and run at once; and how many infer requests the
-    server holds at once (``queue``; ``held`` counts them)."""
+    server holds at once (``queue``; ``held`` counts them) and the bytes of their bodies and replies
+    (``inflight``; ``max_inflight_bytes`` None: ``INFLIGHT_BODIES`` times ``max_body_bytes``)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                  request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 max_inflight_bytes: int | None = None):
         self.body, self.json, self.queue, self.reply = max_body_bytes, max_json_bytes, max_queue, max_reply_bytes
+        if max_inflight_bytes is None:
+            max_inflight_bytes = INFLIGHT_BODIES * max_body_bytes
+        elif not (isinstance(max_inflight_bytes, int) and max_inflight_bytes >= max_body_bytes):
+            raise ValueError(f"max_inflight_bytes must be a number of bytes of at least max_body_bytes "
+                             f"({max_body_bytes}), or a body the server takes could never be read; got "
+                             f"{max_inflight_bytes!r}")
+        self.inflight = InflightBytes(max_inflight_bytes)
         for option, value in (("max_tensor_bytes", max_tensor_bytes), ("max_request_bytes", max_request_bytes)):
             if not (isinstance(value, int) and value > 0):
                 raise ValueError(f"{option} must be a positive number of bytes, got {value!r}")
@@ -139,12 +156,20 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | N
     return int(digits)
 
 
+class Busy(ProtocolError):
+    """A 503 whose reply asks the client to retry (``retry-after``) and closes the connection."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 503)
+
+
 async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int, json_limit: int,
-                     header_length: int | None) -> tuple[bytes, Callable[[bytes], bytes] | None]:
+                     header_length: int | None, claim: Claim) -> tuple[bytes, Callable[[bytes], bytes] | None]:
     """The body as it came, and for a compressed one the function that inflates it (to run off
     the event loop: a bomb takes a second of CPU to reach the limit); refused with 413 as soon as
     Content-Length, the bytes read or the decompressed bytes pass ``limit``, or the JSON part (the
-    whole body without the binary extension) passes ``json_limit``."""
+    whole body without the binary extension) passes ``json_limit``; with ``Busy`` when ``claim``
+    cannot take its bytes (a ``Content-Length``'s before a byte of it is read, a chunk's as it comes)."""
     if header_length is not None and header_length > json_limit:
         raise ProtocolError(f"the request's JSON header of {header_length} bytes exceeds the server's limit of "
                             f"{json_limit} bytes for JSON (--max-json-bytes)", 413)
@@ -161,6 +186,8 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int,
     declared = _int_header(headers, b"content-length", "Content-Length")
     if declared is not None and declared > wire_limit:
         raise ProtocolError(_too_large(f"request body of {declared} bytes", wire_limit, header_length), 413)
+    if declared is not None and not claim.take(declared):
+        raise Busy(_over_budget(claim, f"{declared} bytes"))
     chunks, size, more = [], 0, True
     while more:
         message = await receive()
@@ -171,11 +198,19 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int,
         more = message.get("more_body", False)
         if size > wire_limit:
             raise ProtocolError(_too_large("request body", wire_limit, header_length), 413)
+        if declared is None and not claim.take(len(chunks[-1])):
+            raise Busy(_over_budget(claim, f"chunked body (at {size} bytes)"))
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy at all
     del chunks
     if encoding == "identity":
         return body, None
     return body, functools.partial(_decompress, encoding=encoding, limit=decoded_limit, header_length=header_length)
+
+
+def _over_budget(claim: Claim, what: str) -> str:
+    budget = claim.budget
+    return (f"the server holds {budget.held} bytes of requests and replies in flight, and this request's {what} "
+            f"would pass its limit of {budget.limit} bytes (--max-inflight-bytes); retry later")
 
 
 def _too_large(what: str, limit: int, header_length: int | None) -> str:
@@ -222,9 +257,9 @@ def run_request(model: ServedModel, body: bytes, header_length: int | None, max_
     raise deadline.exceeded(model.name, why)
 
 
-async def send_reply(send: Callable, status: int, message: str) -> None:
-    """An error reply: ``{"error": message}`` with ``status``."""
-    await _send(send, status, error_body(message), b"application/json")
+async def send_reply(send: Callable, status: int, message: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    """An error reply: ``{"error": message}`` with ``status`` (and ``extra`` headers)."""
+    await _send(send, status, error_body(message), b"application/json", extra)
 
 
 async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
@@ -253,28 +288,30 @@ async def _until_disconnect(receive: Callable, deadline: Deadline) -> None:
 async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
                        scope: dict[str, Any], receive: Callable, send: Callable) -> None:
     """Answer one infer request, or refuse it with 503 and ``connection: close`` without reading its
-    body when ``limits.queue`` requests are already held."""
+    body when ``limits.queue`` requests are already held (or its body would pass ``limits.inflight``)."""
     if limits.held >= limits.queue:
-        await _send(send, 503, error_body(f"the server holds its limit of {limits.queue} infer requests at once "
-                                          "(--max-queue); retry later"), b"application/json",
-                    [(b"connection", b"close"), (b"retry-after", b"1")])
+        await send_reply(send, 503, f"the server holds its limit of {limits.queue} infer requests at once "
+                                    "(--max-queue); retry later", _BUSY_HEADERS)
         return
     limits.held += 1
+    claim = limits.inflight.claim()
     try:
-        await _answer(lookup, limits, match, scope, receive, send)
+        await _answer(lookup, limits, match, scope, receive, send, claim)
     finally:
         limits.held -= 1
+        claim.release()
 
 
 async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
-                  scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+                  scope: dict[str, Any], receive: Callable, send: Callable, claim: Claim) -> None:
     """Answer one infer request; every failure becomes ``{"error": ...}`` with a 4xx/5xx, and
-    frees what the request allocated before the reply goes out."""
+    frees what the request allocated before the reply goes out. ``claim`` holds its body's bytes,
+    then its reply's."""
     try:
         model = lookup(match["name"], match["version"])
         headers = _headers(scope)
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
-        body, inflate = await _read_body(headers, receive, limits.body, limits.json, header_length)
+        body, inflate = await _read_body(headers, receive, limits.body, limits.json, header_length, claim)
         loop = asyncio.get_running_loop()
         deadline = Deadline(limits.timeout)
         timer = None if limits.timeout is None else loop.call_later(limits.timeout, deadline.cancel)
@@ -298,11 +335,15 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
             if timer is not None:
                 timer.cancel()
         del body
+        claim.release()  # the body and the arrays decoded from it are gone; the reply is held until it is read
+        claim.hold(len(payload))
     except Exception as exc:  # noqa: BLE001 - every failure is answered, never raised into uvicorn
         status, message = error_reply(exc)
+        extra = _BUSY_HEADERS if isinstance(exc, Busy) else ()
         forget(exc)
         body = None  # the request's bytes go now, not when this coroutine ends
-        await send_reply(send, status, message)
+        claim.release()
+        await send_reply(send, status, message, extra)
         return
     if json_length is None:
         await _send(send, 200, payload, b"application/json")
