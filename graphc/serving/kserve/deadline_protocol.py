@@ -193,7 +193,13 @@ class DeadlineProtocol(HttpToolsProtocol):
         await app(scope, receive, sending)
 
     def on_response_complete(self) -> None:
+        """uvicorn's, which resumes reading and starts the next pipelined request; while requests
+        still wait behind that one, reading stays paused. (uvicorn read on after every reply, so a
+        client that pipelined requests faster than they were answered queued a read's worth more each
+        time, without end.)"""
         super().on_response_complete()
+        if self.pipeline and not self.transport.is_closing():
+            self.flow.pause_reading()
         self._connections.active(self)
         if self._deferred is not None and not self._answering() and not self.transport.is_closing():
             self.transport.write(self._deferred)
