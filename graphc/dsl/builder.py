@@ -440,8 +440,8 @@ def nested_nodes(node_list):
 def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> CaptureError:
     """The one CaptureError template: op, operand types, what is wrong, user's line."""
     parts = [operand_text(t) for t in operands]
-    vals = [f"{operand_text(t)}={_short(t.eager_value)}" for t in operands
-            if getattr(t, "eager_value", None) is not None]
+    vals = [f"{operand_text(t)}={_short(t.eager_value)}" for t in operands  # a Tensor's (a ComplexTensor has none)
+            if hasattr(type(t), "eager_value") and t.eager_value is not None]
     extra = f"; values {', '.join(vals)}" if vals else ""
     return CaptureError(f"{op}({', '.join(parts)}): {msg} at {source}{extra}")
 

@@ -38,11 +38,17 @@ def parts(z: ComplexTensor) -> tuple[Tensor, Tensor]:
 
 
 def pair(z: ComplexTensor) -> Tensor:
-    """``z`` as torch's ``view_as_real``: a real Tensor with a trailing dim of 2."""
-    if z._pair is None:
-        z._pair = ops.stack(list(z._parts), -1)
-        z._built = z._pair._ir
-    return z._pair
+    """``z`` as torch's ``view_as_real``: a real Tensor with a trailing dim of 2. Built from its parts in a
+    control-flow body they were made outside, it is not kept (the body's values end with it) and counts as
+    made where they were, so a write into it is refused as into any outer value (``inplace.outside_body``)."""
+    if z._pair is not None:
+        return z._pair
+    built = ops.stack(list(z._parts), -1)
+    if inplace.outside_body(z._parts[0]):
+        built._scope = z._parts[0]._scope
+    else:
+        z._pair, z._built = built, built._ir
+    return built
 
 
 def of_parts(re: Part, im: Part) -> ComplexTensor:

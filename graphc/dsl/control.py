@@ -1,7 +1,7 @@
 """Control flow with captured subgraphs: ``gc.cond`` -> If, ``gc.fori_loop`` -> Loop,
 ``gc.scan`` -> Scan (JAX semantics). Bodies are traced once into ONNX subgraphs; outer values
-they use are captured by name, as ONNX allows. In eager capture the node is evaluated by
-interpreting its body graphs node by node.
+they use are captured by name, as ONNX allows. A complex value passes as its two real parts
+(``complex_carries``). In eager capture the node is evaluated by interpreting its body graphs node by node.
 """
 
 from __future__ import annotations
@@ -13,21 +13,22 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
-from graphc.dsl import ops, renorm
+from graphc.dsl import complex_carries, ops, renorm
 from graphc.dsl.builder import Builder, current, op_error, user_source
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.errors import CaptureError
 
 _lift = ops.lift
 
 
-def _flatten(tree: Any) -> tuple[list[Tensor], bool]:
+def _flatten(tree: Any) -> tuple[list[Tensor | ComplexTensor], bool]:
+    """The values of ``tree`` (one, or a tuple or list of them; numbers lifted) and whether it is a sequence."""
     if isinstance(tree, (tuple, list)):
-        return [_lift(t) for t in tree], True
-    return [_lift(tree)], False
+        return [complex_carries.item(t) for t in tree], True
+    return [complex_carries.item(tree)], False
 
 
-def _rebuild(items: list[Tensor], is_seq: bool) -> Any:
+def _rebuild(items: list[Tensor | ComplexTensor], is_seq: bool) -> Any:
     return tuple(items) if is_seq else items[0]
 
 
@@ -38,7 +39,7 @@ def merge_shape(a: Any, b: Any) -> Any:
     return [x if x == y else None for x, y in zip(a, b)]
 
 
-def _check_carry(op: str, init: list[Tensor], outs: list[Tensor], source: str) -> None:
+def _check_carry(op: str, init: list[Tensor | ComplexTensor], outs: list[Tensor | ComplexTensor], source: str) -> None:
     if len(init) != len(outs):
         raise CaptureError(f"{op}: body returns {len(outs)} carried values, init has {len(init)} (at {source})")
     for i, (a, b) in enumerate(zip(init, outs)):
@@ -96,15 +97,23 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
         raise op_error("If", [pred], f"predicate must be bool, got {pred.dtype}", source)
     then_c: list[renorm.Carried] = []
     else_c: list[renorm.Carried] = []
-    then_g, then_outs, seq = trace_subgraph(builder, true_fn, operands, [], "then_branch", then_c)
-    else_g, else_outs, seq2 = trace_subgraph(builder, false_fn, operands, [], "else_branch", else_c)
-    if len(then_outs) != len(else_outs) or seq != seq2:
-        raise CaptureError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
-    out_types = []
-    for i, (a, b) in enumerate(zip(then_outs, else_outs)):
+    results: list[tuple[list, bool]] = []  # each branch's values (complex ones whole) and whether a sequence
+
+    def branch(fn: Callable) -> Callable:
+        def traced(*args: Any) -> list[Tensor]:
+            results.append(_flatten(fn(*args)))
+            return complex_carries.split(results[-1][0])[0]
+        return traced
+
+    then_g, then_outs, _ = trace_subgraph(builder, branch(true_fn), operands, [], "then_branch", then_c)
+    else_g, else_outs, _ = trace_subgraph(builder, branch(false_fn), operands, [], "else_branch", else_c)
+    (then_items, seq), (else_items, seq2) = results
+    if len(then_items) != len(else_items) or seq != seq2:
+        raise CaptureError(f"gc.cond: branches return {len(then_items)} and {len(else_items)} values (at {source})")
+    for i, (a, b) in enumerate(zip(then_items, else_items)):
         if a.dtype != b.dtype:
             raise op_error("If", [a, b], f"branch output {i} has dtype {a.dtype} vs {b.dtype}", source)
-        out_types.append((a.dtype, merge_shape(a.shape, b.shape)))
+    out_types = [(a.dtype, merge_shape(a.shape, b.shape)) for a, b in zip(then_outs, else_outs)]
     carried = renorm.branch_outputs(then_g, else_g, then_c, else_c)
 
     def evaluate(arrays: list) -> list:
@@ -113,7 +122,7 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
 
     outs = renorm.emit_carrying("If", [pred], {"then_branch": then_g, "else_branch": else_g}, out_types,
                                 len(out_types), carried, source, evaluate)
-    return _rebuild(outs, seq)
+    return _rebuild(complex_carries.join(outs, [isinstance(a, ComplexTensor) for a in then_items]), seq)
 
 
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
@@ -121,6 +130,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
     ``i`` is an int64 scalar Tensor. Signature: ai.onnx@21::Loop"""
     builder, source = current(), user_source()
     carry, is_seq = _flatten(init)
+    flat, kinds = complex_carries.split(carry)
     lo = lower if isinstance(lower, Tensor) else int(lower)
     hi = upper if isinstance(upper, Tensor) else int(upper)
     if isinstance(lo, int) and isinstance(hi, int):
@@ -132,18 +142,18 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
 
     def body(iter_num: Tensor, cond_in: Tensor, *state: Tensor):
         i = iter_num if isinstance(lo, int) and lo == 0 else iter_num + (lo if isinstance(lo, int) else lo_t)
-        new = body_fn(i, _rebuild(list(state), is_seq))
+        new = body_fn(i, _rebuild(complex_carries.join(state, kinds), is_seq))
         new_items, new_seq = _flatten(new)
         if new_seq != is_seq:
             raise CaptureError(f"gc.fori_loop: body must return the same structure as init (at {source})")
-        return [ops.emit("Identity", [cond_in])] + new_items
+        _check_carry("Loop", carry, new_items, source)
+        return [ops.emit("Identity", [cond_in])] + complex_carries.split(new_items)[0]
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
-        (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)]
+        (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(flat)]
     carried: list[renorm.Carried] = []
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body", carried)
-    _check_carry("Loop", carry, outs[1:], source)
-    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
+    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(flat, outs[1:])]
 
     def evaluate(arrays: list) -> list:
         state = list(arrays[2:])
@@ -152,9 +162,9 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
             state = res[1:]
         return state
 
-    results = renorm.emit_carrying("Loop", [trip, None, *carry], {"body": graph}, out_types, len(carry), carried,
+    results = renorm.emit_carrying("Loop", [trip, None, *flat], {"body": graph}, out_types, len(flat), carried,
                                    source, evaluate)
-    return _rebuild(results, is_seq)
+    return _rebuild(complex_carries.join(results, kinds), is_seq)
 
 
 def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
@@ -168,11 +178,13 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
         if x.shape is None or len(x.shape) == 0:
             raise op_error("Scan", [x], "scanned inputs need rank >= 1", source)
         length = x.shape[0] if length is None else length
-    n_carry = len(carry)
-    y_seq_box: list[bool] = []
+    (flat_carry, carry_kinds), (flat_xs, x_kinds) = complex_carries.split(carry), complex_carries.split(x_items)
+    n_carry = len(flat_carry)
+    y_box: list[tuple[bool, list[bool]]] = []  # whether fn's ys is a sequence, and which of them are complex
 
     def body(*vals: Tensor):
-        state, elems = list(vals[:n_carry]), list(vals[n_carry:])
+        state = complex_carries.join(vals[:n_carry], carry_kinds)
+        elems = complex_carries.join(vals[n_carry:], x_kinds)
         result = fn(_rebuild(state, carry_seq), _rebuild(elems, xs_seq))
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise CaptureError(f"gc.scan: fn must return (carry, y) (at {source})")
@@ -180,21 +192,24 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
         new_items, new_seq = _flatten(new_carry)
         if new_seq != carry_seq:
             raise CaptureError(f"gc.scan: fn must return a carry with the structure of init (at {source})")
+        _check_carry("Scan", carry, new_items, source)
         y_items, y_seq = _flatten(ys)
-        y_seq_box.append(y_seq)
-        return new_items + y_items
+        flat_ys, y_kinds = complex_carries.split(y_items)
+        y_box.append((y_seq, y_kinds))
+        return complex_carries.split(new_items)[0] + flat_ys
 
-    in_types = [(f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)] + [
-        (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(x_items)]
+    in_types = [(f"carry{k}", t.dtype, t.shape) for k, t in enumerate(flat_carry)] + [
+        (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(flat_xs)]
     carried: list[renorm.Carried] = []
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body", carried)
-    _check_carry("Scan", carry, outs[:n_carry], source)
-    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
+    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(flat_carry, outs[:n_carry])]
     out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
-    attrs = {"body": graph, "num_scan_inputs": len(x_items)}
-    results = renorm.emit_carrying("Scan", [*carry, *x_items], attrs, out_types, n_carry, carried, source,
+    attrs = {"body": graph, "num_scan_inputs": len(flat_xs)}
+    results = renorm.emit_carrying("Scan", [*flat_carry, *flat_xs], attrs, out_types, n_carry, carried, source,
                                    lambda arrays: run_scan(builder, attrs, arrays))
-    return _rebuild(results[:n_carry], carry_seq), _rebuild(results[n_carry:], y_seq_box[0])
+    y_seq, y_kinds = y_box[0]
+    return (_rebuild(complex_carries.join(results[:n_carry], carry_kinds), carry_seq),
+            _rebuild(complex_carries.join(results[n_carry:], y_kinds), y_seq))
 
 
 def _no_steps(y: Tensor) -> np.ndarray:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, renorm
+from graphc.dsl import complex_carries, renorm
 from graphc.dsl.builder import current, op_error, operand_text, user_source
 from graphc.dsl.control import merge_shape, run_loop, trace_subgraph
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import ComplexTensor, Tensor
 from graphc.dsl.trees import leaves, rebuild
 from graphc.errors import CaptureError
 
@@ -25,15 +25,16 @@ __all__ = ["while_loop"]
 _API = "gc.while_loop"
 
 
-def _tensors(what: str, tree: Any, source: str) -> tuple[list[str], list[Tensor]]:
-    """The paths and leaves of ``tree``, each a Tensor (numbers and arrays lifted), or an error naming the leaf."""
+def _tensors(what: str, tree: Any, source: str) -> tuple[list[str], list[Tensor | ComplexTensor]]:
+    """The paths and leaves of ``tree``, each a Tensor or ComplexTensor (numbers and arrays lifted), or an
+    error naming the leaf."""
     paths, tensors = [], []
     for path, leaf in leaves(tree, what):
-        if not isinstance(leaf, (Tensor, np.ndarray, np.generic, int, float)):
+        if not isinstance(leaf, (Tensor, ComplexTensor, np.ndarray, np.generic, int, float, complex)):
             raise CaptureError(f"{_API}: {path} is a {type(leaf).__name__}; expected a Tensor (or a number), in "
                                f"tuples, lists and dicts (at {source})")
         paths.append(path)
-        tensors.append(ops.lift(leaf))
+        tensors.append(complex_carries.item(leaf))
     return paths, tensors
 
 
@@ -69,9 +70,10 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
         return fn(*args) if unpack else fn(args[0])
 
     first = _condition(call(cond_fn, init), "", source)
+    flat, kinds = complex_carries.split(init)
 
     def body(iter_num: Tensor, cond_in: Tensor, *state: Tensor) -> list[Tensor]:
-        _, new = _tensors("body_fn's result", call(body_fn, list(state)), source)
+        _, new = _tensors("body_fn's result", call(body_fn, complex_carries.join(state, kinds)), source)
         if len(new) != len(init):
             raise CaptureError(f"{_API}: body_fn returns {len(new)} carried values, carried_inputs has {len(init)} "
                                f"(at {source})")
@@ -81,16 +83,15 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
                                                         for x, y in zip(a.shape, b.shape)))):
                 raise op_error("Loop", [a, b], f"{_API}: body_fn changes {path} from {operand_text(a)} to "
                                f"{operand_text(b)}; each step must keep the dtype and shape", source)
-        return [_condition(call(cond_fn, new), " (on body_fn's result)", source), *new]
+        return [_condition(call(cond_fn, new), " (on body_fn's result)", source), *complex_carries.split(new)[0]]
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
-        (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(init)]
+        (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(flat)]
     carried: list[renorm.Carried] = []
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "while_body", carried)
-    out_types = [(t.dtype, merge_shape(t.shape, o.shape))
-                 for t, o in zip(init, outs[1:])]
-    results = renorm.emit_carrying("Loop", [None, first, *init], {"body": graph}, out_types, len(init), carried,
+    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(flat, outs[1:])]
+    results = renorm.emit_carrying("Loop", [None, first, *flat], {"body": graph}, out_types, len(flat), carried,
                                    source, lambda arrays: run_loop(builder, graph, arrays))
-    final = rebuild(tree, iter(results))
+    final = rebuild(tree, iter(complex_carries.join(results, kinds)))
     return final if unpack else final[0]
 
