@@ -188,8 +188,8 @@ def bce(p: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = N
 def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor | None):
     """For log-probabilities ``[N, C, d...]`` and labels ``[N, d...]``: each label's ``-w[y] *
     logp[y]``, 1 where the label is not ``ignore_index`` (else 0), and that times ``w[y]`` (what
-    ``"mean"`` divides by). Labels outside ``[0, C)``, ``ignore_index`` among them, pick class 0
-    and add nothing; torch raises on one that is not ``ignore_index``.
+    ``"mean"`` divides by). Labels outside ``[0, C)`` pick class 0: ``ignore_index`` adds nothing,
+    any other makes its term NaN, so the loss is (torch raises).
 
     Each label's log-probability is picked by GatherElements, so the gradient scatters one value
     per label where a one-hot of the labels (Equal, Cast, Mul, ReduceSum) made four passes over
@@ -213,8 +213,11 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
         classes = "" if logp.shape is None or logp.shape[1] is None else logp.shape[1]  # a size or a dim's name
         hit.value.producer().metadata_props[CLASS_LABELS_KEY] = f"{source}:{classes}:{ignore_index}"
     safe = ops.where(hit, ids, zero)
-    scale = ops.cast(hit, logp.dtype)
-    keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logp.dtype)
+    counts = labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype))
+    # a label neither a class nor ignore_index scales its term by NaN: the loss is NaN, where torch
+    # raises ("Target 3 is out of bounds"), however the labels were computed (sliced, shifted)
+    scale = ops.where(hit, ops.lift(1.0, logp), ops.where(ops.unsqueeze(counts, [1]), float("nan"), ops.lift(0.0, logp)))
+    keep = ops.cast(counts, logp.dtype)
     counted = keep
     if weight is not None:
         picked_weight = ops.emit("Gather", [_class_weight(weight, logp), safe], {"axis": 0})

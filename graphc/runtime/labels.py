@@ -48,19 +48,20 @@ def class_count(manifest, feeds: Mapping[str, Any], whole: bool = False) -> Opti
     loss = manifest.loss
     shape = next((e.shape for e in manifest.graphs["eval"].outputs if e.name == loss.get("output")), None)
     dim = shape[1] if shape and len(shape) > 1 else None
-    found = _dim_size(manifest, feeds, dim, whole)
+    found = _dim_size(manifest.graphs["eval"].inputs, feeds, dim, whole)
     if found is not None:
         return found
     weight = (loss.get("options") or {}).get("weight")
     return len(weight) if weight is not None else None
 
 
-def _dim_size(manifest, feeds: Mapping[str, Any], dim: Any, whole: bool) -> Optional[int]:
-    """``dim`` if static, else the size of the eval graph's input dim of that name in ``feeds``
-    (``whole``: not axis 0, the data's length), else None."""
+def _dim_size(inputs, feeds: Mapping[str, Any], dim: Any, whole: bool) -> Optional[int]:
+    """``dim`` if static, else the size of the dim of that name of one of ``inputs`` (entries with a
+    ``name`` and a ``shape``: the eval graph's) in ``feeds`` (``whole``: not axis 0, the data's
+    length), else None."""
     if isinstance(dim, int) or dim is None:
         return dim
-    for entry in manifest.graphs["eval"].inputs:
+    for entry in inputs:
         if entry.name not in feeds or not entry.shape:
             continue
         sizes = np.shape(feeds[entry.name])
@@ -117,10 +118,18 @@ def check_batch_values(manifest, feeds: Mapping[str, Any], what: str, whole: boo
     the graph counts any other label in the mean's divisor with a loss of 0, a wrong loss and
     gradient, where PyTorch raises ("Target 3 is out of bounds"). One pass over each such array."""
     check_probabilities(manifest, feeds, what)
-    for name, classes, ignore in manifest.class_labels:
+    check_class_labels(manifest.class_labels, manifest.graphs["eval"].inputs, feeds, what, whole)
+
+
+def check_class_labels(marks, inputs, feeds: Mapping[str, Any], what: str, whole: bool = False) -> None:
+    """The labels in ``feeds`` of each (input, C, ignore index) of ``marks``
+    (``marked_inputs.class_label_inputs``) in [0, C) or the ignore index, C static or the size of
+    the dim of that name of ``inputs`` in ``feeds`` (``_dim_size``); else an ``InputError`` naming
+    the first label out of range."""
+    for name, classes, ignore in marks:
         if name not in feeds:
             continue
-        labels, limit = np.asarray(feeds[name]), _dim_size(manifest, feeds, classes, whole)
+        labels, limit = np.asarray(feeds[name]), _dim_size(inputs, feeds, classes, whole)
         if labels.size and labels.min() >= 0 and (limit is None or labels.max() < limit):
             continue  # every label a class: a min and a max, half the time of the masks below
         _in_range(labels, name, limit, ignore, what, "cross_entropy / nll_loss")

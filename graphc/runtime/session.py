@@ -23,7 +23,9 @@ from graphc.backends.value_sized import ShapePrepass
 from graphc.errors import InputError
 from graphc.model import Model, complex_io, load
 from graphc.model.dtypes import TensorSpec
+from graphc.passes.training.marked_inputs import class_label_inputs
 from graphc.runtime.feeds import optional_inputs, validate_feeds
+from graphc.runtime.labels import check_class_labels
 
 # Options every backend accepts (a backend ignores those that mean nothing to it).
 SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options", "flush_denormals",
@@ -65,6 +67,8 @@ class Session:
         self.optional_inputs = optional_inputs(self.model)
         self._output_names = [s.name for s in self.outputs]
         self.complex_inputs, self.complex_outputs = complex_io.complex_names(self.model.ir.metadata_props)
+        # the data inputs a cross_entropy / nll_loss of the model reads as class labels: ``run`` checks them
+        self._class_labels = class_label_inputs(self.model.ir.graph)
 
     # -- what the session is -------------------------------------------------------------------
     @property
@@ -107,11 +111,14 @@ class Session:
         ``max_tensor_bytes``): the most bytes the main graph's tensors of known shape may hold at
         once in such a model; past it, ``RequestTooLarge``. A complex input (``complex_inputs``) takes a complex
         array (or its ``[..., 2]`` real pair) and a complex output comes back complex (``graphc.model.complex_io``),
-        or as its pair with ``complex_pairs`` (serving's, whose protocol has no complex datatype)."""
+        or as its pair with ``complex_pairs`` (serving's, whose protocol has no complex datatype). The labels a
+        ``cross_entropy`` / ``nll_loss`` of the model reads from an input are checked to be classes or the
+        ignore index (``InputError``, as torch raises), the graph's loss being NaN for any other."""
         if self.complex_inputs and isinstance(feeds, Mapping):
             feeds = complex_io.pairs_of(self.inputs, self.complex_inputs, feeds)
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
+        check_class_labels(self._class_labels, self.inputs, arrays, "a run")
         names = self._check_outputs(outputs)
         options: dict[str, Any] = {} if cancel is None else {"cancel": cancel}
         if max_tensor_bytes is not None:
