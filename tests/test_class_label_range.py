@@ -1,6 +1,8 @@
-"""Class labels out of range of a model's own cross_entropy / nll_loss outside the Trainer: a
+"""Class labels and indices out of range. A model's own cross_entropy / nll_loss outside the Trainer: a
 ``gc.Session`` (``graphc run``) refuses those it reads from an input, and labels the model
-computes (sliced, shifted, gathered) make the loss NaN; torch 2.13 raises on both."""
+computes (sliced, shifted, gathered) make the loss NaN; a negative multi_margin_loss target makes
+its loss NaN; a negative embedding / index_select index fails in the backend. torch 2.13 raises on
+each."""
 
 import numpy as np
 import pytest
@@ -123,3 +125,55 @@ def test_a_label_past_a_class_count_the_model_computes_makes_the_step_loss_nan(b
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
         torch.nn.functional.cross_entropy(torch.zeros(6, 6), torch.from_numpy(batch["y"]))
     assert np.isnan(trainer.step(batch))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("options", [{}, {"p": 2}, {"weight": [1.0, 2.0, 0.5]}], ids=["p1", "p2", "weighted"])
+def test_a_negative_multi_margin_target_makes_the_loss_nan(backend, options):
+    """A target of -1 read the last class's score (Gather from the end): a finite wrong loss
+    (0.873 weighted) where torch raises "target out of range"; the loss is now NaN, and in range
+    it is torch's. A target of C fails in the backend's Gather, as before."""
+    torch = pytest.importorskip("torch")
+    weight = options.get("weight")
+    graph_options = {**options, "weight": gc.tensor(np.asarray(weight, np.float32))} if weight else options
+    torch_options = {**options, "weight": torch.tensor(weight)} if weight else options
+    model = gc.capture(lambda x, y: F.multi_margin_loss(x, y, **graph_options),
+                       x=gc.spec("float32", ("N", 3)), y=gc.spec("int64", ("N",)))
+    session = gc.Session(model, backend=backend)
+    x, labels = RNG.standard_normal((4, 3)).astype(np.float32), np.array([0, 1, 2, 1])
+    expected = torch.nn.functional.multi_margin_loss(torch.from_numpy(x), torch.from_numpy(labels), **torch_options)
+    assert session.run({"x": x, "y": labels})["output"] == pytest.approx(expected.item(), rel=1e-5)
+    labels[2] = -1
+    with pytest.raises(RuntimeError, match="target out of range"):
+        torch.nn.functional.multi_margin_loss(torch.from_numpy(x), torch.from_numpy(labels), **torch_options)
+    assert np.isnan(session.run({"x": x, "y": labels})["output"])
+    labels[2] = 3
+    with pytest.raises(gc.BackendError, match="Gather"):
+        session.run({"x": x, "y": labels})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["embedding", "nn.Embedding", "index_select"])
+def test_a_negative_index_fails_as_torchs(backend, op):
+    """``F.embedding`` / ``nn.Embedding`` / ``gc.index_select`` with an index of -1 returned the last
+    row (ONNX's Gather reads negatives from the end) where torch raises; the backend now fails
+    on it, naming the node and the source line. ``x[idx]`` still reads -1 from the end, as torch."""
+    torch = pytest.importorskip("torch")
+    weight = RNG.standard_normal((5, 3)).astype(np.float32)
+    layer = nn.Embedding(5, 3)
+    fn = {"embedding": lambda i: F.embedding(i, gc.tensor(weight)), "nn.Embedding": layer,
+          "index_select": lambda i: gc.index_select(gc.tensor(weight), 0, i)}[op]
+    oracle = {"embedding": lambda i: torch.nn.functional.embedding(i, torch.from_numpy(weight)),
+              "nn.Embedding": lambda i: torch.nn.Embedding(5, 3)(i),
+              "index_select": lambda i: torch.index_select(torch.from_numpy(weight), 0, i)}[op]
+    session = gc.Session(gc.capture(fn, i=gc.spec("int64", (3,))), backend=backend)
+    index = np.array([0, 4, 2])
+    if op != "nn.Embedding":
+        np.testing.assert_array_equal(session.run({"i": index})["output"], oracle(torch.from_numpy(index)).numpy())
+    index[1] = -1
+    with pytest.raises((IndexError, RuntimeError), match="out of range|out of DATA bounds"):
+        oracle(torch.from_numpy(index))
+    with pytest.raises(gc.BackendError, match="Gather"):
+        session.run({"i": index})
+    rows = gc.Session(gc.capture(lambda i: gc.tensor(weight)[i], i=gc.spec("int64", (3,))), backend=backend)
+    np.testing.assert_array_equal(rows.run({"i": index})["output"], weight[index])

@@ -227,7 +227,7 @@ def test_a_capture_drops_the_write_back_nothing_reads():
     emb = gc.nn.Embedding(50, 4, max_norm=1.0)
     for training in (False, True):
         ops = _ops(gc.capture(emb, training=training, i=gc.spec("int64", ("N", 3))))
-        assert "ScatterND" not in ops and len(ops) == 21, ops
+        assert "ScatterND" not in ops and len(ops) == 26, ops  # 5 of them refuse a negative index
     assert _ops(gc.capture(_Net(tied=True), i=gc.spec("int64", ("N", 4)))).count("ScatterND") == 1
     arts = _artifacts(_Net(), "sgd", training=False)
     assert arts.manifest.renormed == ["emb.weight"]

@@ -185,13 +185,16 @@ def multi_margin(x: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, wei
 
 
 def _multi_margin(x: Tensor, target: Tensor, p: int, margin: float, weight: Tensor | None) -> Tensor:
+    """Each sample's sum over the classes; NaN for a negative class, which Gather would read from
+    the end (torch raises "target out of range"; a class of C or more fails in the backend's Gather)."""
     label = ops.unsqueeze(target, [1])
     hinge = ops.relu(margin - ops_array.gather(x, 1, label) + x)
     if p == 2:
         hinge = hinge * hinge
     if weight is not None:
         hinge = hinge * ops.emit("Gather", [weight, label], {"axis": 0})
-    return ops.sum(ops.where(_class_ids(x) == label, 0.0, hinge), axis=1)
+    summed = ops.sum(ops.where(_class_ids(x) == label, 0.0, hinge), axis=1)
+    return ops.where(target < ops.lift(0, target), float("nan"), summed)
 
 
 def triplet_margin_with_distance(anchor: Tensor, positive: Tensor, negative: Tensor,

@@ -16,7 +16,7 @@ import numpy as np
 from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, in_range, int64_accumulated,
+from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, dim_read, emit, exp, in_range, int64_accumulated,
                             known_in_range, lift, log, mean, reduction, reshape, reshape_like, run_time_int,
                             same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
@@ -393,10 +393,22 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     return emit("GatherElements", [x, _indices(index, "GatherElements", x)], {"axis": axis})
 
 
+def refusing_negatives(index: Tensor, x: Tensor, axis: int) -> Tensor:
+    """``index`` with each negative entry moved below ``-size`` (``x``'s dim ``axis``), where the backends'
+    Gather refuses it, as torch refuses a negative index ("index out of range in self"): ONNX's Gather
+    reads [-size, 0) from the end, a silently wrong row. The backend's error names the entry less the
+    size (-1 of 5 rows as -6)."""
+    size = x.shape[axis] if x.shape is not None and isinstance(x.shape[axis], int) else None
+    size = constant(np.asarray(size, dtype=index.dtype)) if size is not None else \
+        cast(dim_read(x, axis % x.ndim), index.dtype)
+    return where(index < constant(np.asarray(0, dtype=index.dtype)), index - size, index)
+
+
 @one_element()
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """The entries of 1-D ``index`` along ``dim`` (a 0-D index is one entry: the dim stays, as in
-    torch). Signature: ai.onnx@13::Gather"""
+    torch); a negative one fails in the backend, as torch refuses it (``refusing_negatives``).
+    Signature: ai.onnx@13::Gather"""
     x = lift(x)
     index = _indices(index, "Gather", x)
     if index.shape is not None and len(index.shape) > 1:
@@ -404,7 +416,8 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
                        "(x[index] picks rows by a multi-dim index)", user_source())
     if index.shape == ():
         index = reshape(index, [1])
-    return emit("Gather", [x, index], {"axis": dim_index(x, dim, "Gather")})
+    axis = dim_index(x, dim, "Gather")
+    return emit("Gather", [x, refusing_negatives(index, x, axis)], {"axis": axis})
 
 
 @one_element()

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_math
+from graphc.dsl import ops, ops_array, ops_math
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into, writes_input
@@ -341,9 +341,10 @@ def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None, m
 
 
 def gather_rows(weight: Tensor, indices: Tensor, norms: tuple[float, float] | None) -> Tensor:
-    """The rows of ``weight`` at ``indices`` (a Gather), marked ``MAX_NORM_LOOKUP_KEY`` with ``norms``
+    """The rows of ``weight`` at ``indices`` (a Gather; a negative index fails in the backend, as torch
+    refuses it: ``ops_array.refusing_negatives``), marked ``MAX_NORM_LOOKUP_KEY`` with ``norms``
     (``max_norm``, ``norm_type``) for a lookup with max_norm."""
-    rows = ops.emit("Gather", [weight, indices], {"axis": 0})
+    rows = ops.emit("Gather", [weight, ops_array.refusing_negatives(indices, weight, 0)], {"axis": 0})
     if norms is not None:
         rows.value.producer().metadata_props[MAX_NORM_LOOKUP_KEY] = json.dumps(
             {"max_norm": float(norms[0]), "norm_type": float(norms[1])})
