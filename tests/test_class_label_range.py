@@ -177,3 +177,31 @@ def test_a_negative_index_fails_as_torchs(backend, op):
         session.run({"i": index})
     rows = gc.Session(gc.capture(lambda i: gc.tensor(weight)[i], i=gc.spec("int64", (3,))), backend=backend)
     np.testing.assert_array_equal(rows.run({"i": index})["output"], weight[index])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("lengths,message", [([7, 6], [3, 3]), ([6, 6], [-1, 3]), ([-1, 6], [3, 3])],
+                         ids=["input-past-T", "negative-target", "negative-input"])
+def test_ctc_lengths_torch_refuses_make_the_loss_nan(backend, lengths, message):
+    """Input lengths past T or below 0, or a negative target length, given as Tensors: torch raises
+    ("Expected input_lengths to have value at most 6"), the graph gave a finite loss (1.157 for an
+    input length of 7, 5.254 for a target length of -1); it is now NaN, and torch's for valid ones."""
+    torch = pytest.importorskip("torch")
+    log_probs = torch.randn(6, 2, 4, generator=torch.Generator().manual_seed(0)).log_softmax(2).numpy()
+    targets = np.array([[1, 2, 3], [1, 2, 1]])
+    model = gc.capture(F.ctc_loss, log_probs=gc.spec("float32", (6, 2, 4)), targets=gc.spec("int64", (2, 3)),
+                       input_lengths=gc.spec("int64", (2,)), target_lengths=gc.spec("int64", (2,)))
+    session = gc.Session(model, backend=backend)
+
+    def both(inputs, target_lengths):
+        feeds = {"log_probs": log_probs, "targets": targets, "input_lengths": np.array(inputs),
+                 "target_lengths": np.array(target_lengths)}
+        return session.run(feeds)["output"], lambda: torch.nn.functional.ctc_loss(
+            *(torch.from_numpy(feeds[k]) for k in ("log_probs", "targets", "input_lengths", "target_lengths")))
+
+    got, expected = both([6, 5], [3, 2])
+    assert got == pytest.approx(expected().item(), rel=1e-5)
+    got, refused = both(lengths, message)
+    with pytest.raises(RuntimeError, match="Expected"):
+        refused()
+    assert np.isnan(got)

@@ -63,11 +63,20 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     labels = _padded_targets(ops.lift(targets), tgt_len, tgt_static, batched, blank)
     loss = _negative_log_likelihood(lp, _extended(labels, blank), in_len, tgt_len, blank)
     loss = ops.where(loss > _UNREACHED, ops.scalar(0.0 if zero_infinity else np.inf, loss), loss)
+    loss = ops.where(_bad_lengths(in_len, tgt_len, lp), ops.scalar(np.nan, loss), loss)
     if reduction == "mean":
         return ops.mean(loss / ops.cast(ops.maximum(tgt_len, 1), loss.dtype))
     if reduction == "sum":
         return ops.sum(loss)
     return loss if batched else ops.squeeze(loss, [0])
+
+
+def _bad_lengths(in_len: Tensor, tgt_len: Tensor, lp: Tensor) -> Tensor:
+    """(N,) bool: an input length outside [0, T] or a negative target length, which torch refuses
+    ("Expected input_lengths to have value at most 6") and the graph would read as a wrong loss:
+    ``ctc_loss`` makes that example's loss NaN (lengths given as Python ints are refused at capture)."""
+    zero = ops.scalar(0, in_len)
+    return (in_len < zero) | (in_len > ops_array.dim_length(lp, 0)) | (tgt_len < zero)
 
 
 def _lengths(name: str, value: Any, batched: bool, n: Any) -> tuple[Tensor, np.ndarray | None]:
