@@ -322,3 +322,38 @@ def test_hooks_see_the_scaled_gradient_and_the_weighted_one(backend):
     unscaled = torch_sgd(1, 1.0)  # the clamps bite: what the hooks see decides the step
     assert np.abs(torch_sgd(1, 1024.0)["fc1.weight"] - unscaled["fc1.weight"]).max() > 1e-3
     assert np.abs(torch_sgd(2, 1.0)["fc1.weight"] - unscaled["fc1.weight"]).max() > 1e-3
+
+
+def _hooked_input(lib, kind):
+    """A Linear whose forward hooks its own input (clamped, scaled), called between two other reads of x; with
+    backward hooks (``kind``) torch's forward gets the input through an identity of its own."""
+    class Hooked(lib.nn.Linear):
+        def forward(self, x):
+            x.register_hook(lambda g: lib.clamp(g, -0.2, 0.2) * 3.0)
+            return lib.tanh(super().forward(x)) * x
+
+    m = Hooked(4, 4).double()
+    if kind == "full":
+        m.register_full_backward_hook(lambda mod, gi, go: None)
+    elif kind == "pre":
+        m.register_full_backward_pre_hook(lambda mod, go: None)
+    return m
+
+
+@pytest.mark.parametrize("kind", ["none", "full", "pre"])
+def test_a_hook_in_forward_on_its_input_reaches_the_callers_reads_as_torchs(kind):
+    """Without backward hooks the hook is on the caller's x (all its reads); with them, on forward's only."""
+    m, twin = _hooked_input(gc, kind), _hooked_input(torch, kind)
+    twin.load_state_dict({k: torch.tensor(v) for k, v in m.state_dict().items()})
+
+    def loss(lib, mod, x):
+        before = lib.sin(x)
+        return (mod(x) ** 2).sum() + before.sum() + (x * x).sum() + mod(x * 2.0).sum()
+
+    model = gc.capture(lambda x: {"loss": loss(gc, m, x)}, x=gc.spec("float64", (3, 4)))
+    x = RNG.normal(size=(3, 4))
+    tx = torch.tensor(x, requires_grad=True)
+    loss(torch, twin, tx).backward()
+    for backend in BACKENDS:
+        out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend=backend).run({"x": x})
+        np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-13, err_msg=backend)

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from graphc.dsl import ops
 from graphc.dsl.autograd import Function
 from graphc.dsl.builder import Builder, active, nested_nodes, user_source
 from graphc.dsl.grad_hooks import checked_grad, hook_label
@@ -165,15 +166,22 @@ class ModuleGradInput(Function):
 
 
 def start(module: Any, args: tuple) -> Call | None:
-    """The ``Call`` that ``finish`` completes, where ``module`` has backward hooks and gradients are on."""
+    """The ``Call`` that ``finish`` completes, where ``module`` has backward hooks and gradients are on. Its
+    ``args`` are those forward gets: each float one through an Identity of its own, a new value as torch's
+    ``BackwardHookFunction`` makes, so a hook forward registers on it sees forward's reads only."""
     builder = active()
     state = module.__dict__
     if builder is None or not builder.gradients_enabled or not (
             state.get("_backward_hooks") or state.get("_backward_pre_hooks")):
         return None
     floats = _floats(args)
-    return Call(module, builder, frozenset(builder.scope.nodes), args, floats, user_source(),
+    call = Call(module, builder, frozenset(builder.scope.nodes), args, floats, user_source(),
                 tuple(copy.copy(args[i]) for i in floats))
+    wrapped = list(args)
+    for i in floats:
+        wrapped[i] = ops.emit("Identity", [args[i]], name_hint="module_input")
+    call.args = tuple(wrapped)
+    return call
 
 
 def deprecated_hook_refused() -> NotImplementedError:

@@ -78,6 +78,7 @@ def call_hooked(module: Any, forward: Any, args: tuple, kwargs: dict) -> Any:
                 if new is not None:
                     args = new if isinstance(new, tuple) else (new,)
         backward = backward_hooks.start(module, args)
+        args = args if backward is None else backward.args
         result = forward(*args, **kwargs)
         for hook_id, hook in list((post or {}).items()):
             called.add(hook_id)
