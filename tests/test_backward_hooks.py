@@ -357,3 +357,25 @@ def test_a_hook_in_forward_on_its_input_reaches_the_callers_reads_as_torchs(kind
     for backend in BACKENDS:
         out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend=backend).run({"x": x})
         np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-13, err_msg=backend)
+
+
+_ALIASES = {"clone": lambda x: x.clone(), "squeeze": lambda x: x.squeeze(), "squeeze(0)": lambda x: x.squeeze(0),
+            "double": lambda x: x.double(), "type_as": lambda x: x.type_as(x)}
+
+
+@pytest.mark.parametrize("op", sorted(_ALIASES))
+def test_a_hook_on_a_copy_or_a_no_op_view_is_torchs(op):
+    """torch's clone and squeeze (nothing to squeeze) are new tensors, its double/type_as (same dtype) x itself:
+    a hook on the result sees the result's reads, or all of x's."""
+    def loss(lib, x):
+        a = lib.sin(x)
+        y = _ALIASES[op](x)
+        y.register_hook(lambda g: lib.clamp(g, -0.1, 0.1) * 3.0)
+        return (lib.tanh(y) * 2.0).sum() + a.sum() + (x * x).sum()
+
+    model = gc.capture(lambda x: {"loss": loss(gc, x)}, x=gc.spec("float64", (3, 4)))
+    x = RNG.normal(size=(3, 4))
+    tx = torch.tensor(x, requires_grad=True)
+    loss(torch, tx).backward()
+    out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend="numpy").run({"x": x})
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-13)

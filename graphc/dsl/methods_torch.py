@@ -133,6 +133,11 @@ def _to(self: Tensor, *args: Any, dtype: Any = None, device: Any = None, non_blo
     return ops.cast(self, targets[0]) if targets and targets[0] != self.dtype else self
 
 
+def _as(self: Tensor, dtype: Any) -> Tensor:
+    """``x.double()``, ``x.type_as(y)``, ...: ``x`` cast to ``dtype``, or ``x`` itself where it has it, as torch's."""
+    return self if as_dtype(dtype) == self.dtype else ops.cast(self, dtype)
+
+
 def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
     """``x.type()``: torch's type name (``"torch.FloatTensor"``); ``x.type(dtype)``: ``x`` cast, the
     dtype also as such a name."""
@@ -153,11 +158,11 @@ METHODS = {
     "unsqueeze": ops_reshape.unsqueeze,
     "squeeze": _squeeze,
     "contiguous": lambda a: a if is_contiguous(a) else ops_reshape.clone(a),
-    "float": lambda a: ops.cast(a, "float32"), "double": lambda a: ops.cast(a, "float64"),
-    "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
+    "float": lambda a: _as(a, "float32"), "double": lambda a: _as(a, "float64"),
+    "half": lambda a: _as(a, "float16"), "long": lambda a: _as(a, "int64"),
     "cfloat": lambda a: ops.cast(a, "complex64"), "cdouble": lambda a: ops.cast(a, "complex128"),
-    "int": lambda a: ops.cast(a, "int32"), "bool": lambda a: ops.cast(a, "bool"),
-    "type_as": lambda a, other: ops.cast(a, other.dtype),
+    "int": lambda a: _as(a, "int32"), "bool": lambda a: _as(a, "bool"),
+    "type_as": lambda a, other: _as(a, other.dtype),
     "matmul": ops.matmul, "mm": ops_linalg.mm, "bmm": ops_linalg.bmm,
     "sigmoid": ops.sigmoid, "tanh": ops.tanh, "abs": ops.abs, "erf": ops.erf,
     "masked_fill": ops_array.masked_fill, "split": ops_array.split, "chunk": ops_array.chunk,

@@ -130,9 +130,11 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     so the result has a known rank. Signature: ai.onnx@21::Squeeze"""
     x = lift(x)
     if dim is None:
-        return squeeze_axes(x, None if x.shape is None else [d for d, n in enumerate(x.shape) if n == 1])
-    dims = [dim] if isinstance(dim, (int, np.integer)) else list(dim)
-    return squeeze_axes(x, [dim_index(x, int(d), "Squeeze") for d in dims]) if x.ndim else x
+        out = squeeze_axes(x, None if x.shape is None else [d for d, n in enumerate(x.shape) if n == 1])
+    else:
+        dims = [dim] if isinstance(dim, (int, np.integer)) else list(dim)
+        out = squeeze_axes(x, [dim_index(x, int(d), "Squeeze") for d in dims]) if x.ndim else x
+    return emit("Identity", [x]) if out is x else out  # nothing squeezed: still a view of its own, as torch's
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
@@ -255,10 +257,13 @@ atleast_1d, atleast_2d, atleast_3d = (_at_least(r) for r in (1, 2, 3))
 
 
 def clone(x: Tensor, *, memory_format: Any = None) -> Tensor:
-    """``torch.clone``: a copy, so an in-place write to either never reaches the other (a new Tensor of the same
-    value, not an ``Identity``, which ``inplace`` takes for a view)."""
+    """``torch.clone``: a copy, so an in-place write to either never reaches the other, and a hook on it sees its
+    reads only: an ``Identity`` not recorded as a view (``inplace`` takes one for a view)."""
     x = lift(x)
-    return Tensor(x.value, x.eager_value)
+    out = emit("Identity", [x], name_hint="clone")
+    out._view = None
+    x._views = [ref for ref in x._views if ref() is not out]
+    return out
 
 
 # -- picking ----------------------------------------------------------------------------------
