@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.utils.checkpoint import checkpoint as gc_checkpoint
 
 try:
     from torch_grad_util import assert_classifier_steps_match_torch
@@ -379,3 +380,31 @@ def test_a_hook_on_a_copy_or_a_no_op_view_is_torchs(op):
     loss(torch, tx).backward()
     out = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend="numpy").run({"x": x})
     np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-13)
+
+
+def _checkpointed(lib, x, w, target):
+    """A checkpointed function hooking its argument, the weight it reads, or a value it computes."""
+    def fn(v):
+        h = v @ w
+        {"arg": v, "weight": w, "inner": h}[target].register_hook(lambda g: lib.clamp(g, -0.3, 0.3) * 3.0)
+        return lib.tanh(h) * h
+    y = gc_checkpoint(fn, x) if lib is gc else torch.utils.checkpoint.checkpoint(
+        fn, x, use_reentrant=False)
+    return (y ** 2).sum() + lib.sin(x).sum()
+
+
+def test_a_hook_in_a_checkpoint_on_a_value_from_outside_it_is_refused_and_one_inside_is_torchs():
+    """torch registers a hook on the region's argument or weight again when it recomputes the region (it runs
+    twice): refused, naming the line; one on a value the region computes runs once, as here."""
+    spec = {"x": gc.spec("float64", (3, 4)), "w": gc.spec("float64", (4, 4))}
+    for target, name in (("arg", "x"), ("weight", "w")):
+        with pytest.raises(gc.CaptureError, match=rf"Tensor.register_hook at .*test_backward_hooks.py:\d+: {name} "
+                                                  r"is a value from outside the gc.utils.checkpoint region"):
+            gc.capture(lambda x, w: {"loss": _checkpointed(gc, x, w, target)}, **spec)
+    model = gc.capture(lambda x, w: {"loss": _checkpointed(gc, x, w, "inner")}, **spec)
+    x, w = RNG.normal(size=(3, 4)), RNG.normal(size=(4, 4))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    _checkpointed(torch, tx, tw, "inner").backward()
+    out = gc.Session(gc.grad(model, "loss", wrt=["x", "w"]), backend="numpy").run({"x": x, "w": w})
+    np.testing.assert_allclose(out["x_grad"], tx.grad.numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(out["w_grad"], tw.grad.numpy(), rtol=1e-12, atol=1e-13)

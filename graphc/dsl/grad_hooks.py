@@ -15,6 +15,7 @@ hooks on the same Functions.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.passes.values import static_shape
 
 __all__ = ["HookHandle", "PostAccumulateHook", "TensorHook", "checked_grad", "hook_label", "no_grad_error",
-           "refuse_in_body", "refuse_no_grad", "refuse_uncallable", "register_hook"]
+           "checkpoint_region", "refuse_in_body", "refuse_no_grad", "refuse_outside_region", "refuse_uncallable", "register_hook"]
 
 
 def hook_label(hook: Any) -> str:
@@ -100,6 +101,34 @@ def refuse_in_body(what: str, name: str) -> None:
                        "body computes")
 
 
+# per capture: the open gc.utils.checkpoint regions, each its scope's id and the ids of that scope's nodes before it
+_REGIONS: weakref.WeakKeyDictionary[Builder, list[tuple[Any, frozenset]]] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def checkpoint_region(builder: Builder) -> Any:
+    """Around a ``gc.utils.checkpoint`` function's run: what ``refuse_outside_region`` checks."""
+    regions = _REGIONS.setdefault(builder, [])
+    regions.append((builder.scope.id, frozenset(map(id, builder.scope.nodes))))
+    try:
+        yield
+    finally:
+        regions.pop()
+
+
+def refuse_outside_region(builder: Builder, tensor: Tensor | None, what: str, name: str) -> None:
+    """Refuse a hook registered in a checkpoint region on ``tensor`` (None: a parameter), a value from outside it:
+    torch runs the region's function again in the backward, registering the hook a second time on that value, so
+    its hook runs twice (use_reentrant=True: once more on the region's share); graphc's recompute runs no Python."""
+    for scope, before in _REGIONS.get(builder, ()):
+        producer = None if tensor is None else tensor.value.producer()
+        if producer is None or (tensor._scope == scope and id(producer) in before):
+            raise CaptureError(f"{what}: {name} is a value from outside the gc.utils.checkpoint region being "
+                               "captured; torch registers the hook again when it recomputes the region in the "
+                               "backward, so it runs twice: register it outside the checkpointed function, or "
+                               "on a value the function computes")
+
+
 @dataclass
 class _Point:
     """A hooked value: ``base``, the value its producer made, and the slots of its hooks, last registered first."""
@@ -146,6 +175,7 @@ def register_hook(tensor: Tensor, hook: Any) -> HookHandle:
     refuse_no_grad(tensor, where)
     if outside_body(tensor):
         refuse_in_body(where, tensor.name)
+    refuse_outside_region(builder, tensor, where, tensor.name)
     return HookHandle(apply_hook(builder, tensor, hook, f"the hook {hook_label(hook)} registered at {user_source()}"))
 
 

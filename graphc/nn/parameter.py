@@ -11,7 +11,7 @@ import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
 from graphc.dsl.grad_hooks import (HookHandle, PostAccumulateHook, TensorHook, apply_hook, hook_label,
-                                   no_grad_error, refuse_in_body, refuse_uncallable)
+                                   no_grad_error, refuse_in_body, refuse_outside_region, refuse_uncallable)
 from graphc.dsl.ops import detach
 from graphc.dsl.tensor import ComplexTensor, Size, Tensor
 from graphc.errors import CaptureError
@@ -101,6 +101,9 @@ class Parameter(Sized):
         builder = active()
         if builder is not None and len(builder.scopes) > 1:
             refuse_in_body(where, f"parameter {self.qualname}" if self.qualname else "this parameter")
+        if builder is not None:
+            refuse_outside_region(builder, None, where, f"parameter {self.qualname}" if self.qualname else
+                                  "this parameter")
         key = object()
         label = f"the hook {hook_label(hook)} registered at {user_source()}"
         self.grad_hooks[key] = (hook, label)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from graphc.dsl import builder
+from graphc.dsl.grad_hooks import checkpoint_region
 from graphc.model import CHECKPOINT_KEY
 
 __all__ = ["checkpoint", "checkpoint_sequential"]
@@ -52,7 +53,8 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
         return function(*args, **kwargs)
     nodes = b.scope.nodes
     start = len(nodes)
-    out = function(*args, **kwargs)
+    with checkpoint_region(b):
+        out = function(*args, **kwargs)
     region = b.unique(CHECKPOINT_KEY)
     for node in nodes[start:]:
         node.metadata_props[CHECKPOINT_KEY] = region
