@@ -74,6 +74,11 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   (ConvTranspose) grouped by channel by a one-hot kernel, as ``graphc/dsl/ops_fold.py`` lowers them,
   vs the image as N*C one-channel images, vs Pad and strided Slices stacked (each tap's block
   Padded into place and summed).
+- ``int_power``: ``a ** b`` of int32/int64 Tensors [1M] by a Tensor power (graphc's graphs), small (< 8) and
+  full-range powers: ONNX Pow (the baseline; through double, so not exact and not checked), the square and
+  multiply as fixed masked steps, one per bit of the dtype, vs a Loop while the largest power has bits left
+  (each step's low bit by Mod or BitwiseAnd, the power halved by Div or a uint BitShift), and torch's pow
+  timed in the same rounds; every checked variant equals torch's.
 """
 
 from __future__ import annotations
@@ -128,9 +133,11 @@ def session(nodes, feeds: dict[str, np.ndarray], outputs: list[str], args: argpa
 
 
 def compare(label: str, variants: dict[str, list], feeds: dict[str, np.ndarray], outputs: list[str],
-            args: argparse.Namespace) -> None:
-    """Median ms of each variant, run in turn; their outputs must agree. Inputs and outputs stay
-    bound on the device (IOBinding), so a run times the case's kernels alone."""
+            args: argparse.Namespace, unchecked: tuple[str, ...] = (), others: dict[str, Callable] | None = None
+            ) -> None:
+    """Median ms of each variant, run in turn; their outputs must agree (integer ones exactly), but the
+    ``unchecked`` variants'. Inputs and outputs stay bound on the device (IOBinding), so a run times the case's
+    kernels alone. ``others`` (name: a callable) are timed in the same rounds (torch's op)."""
     sessions = {k: session(v, feeds, outputs, args) for k, v in variants.items()}
     bound = {k: bind(s, feeds, outputs, args.device) for k, s in sessions.items()}
     results = {}
@@ -144,16 +151,23 @@ def compare(label: str, variants: dict[str, list], feeds: dict[str, np.ndarray],
         for _ in range(2):  # with CUDA graphs: the capture, its first replay
             s.run_with_iobinding(bound[k])
         results[k] = [v.numpy() for v in results[k]]
-    first = next(iter(results.values()))
-    for k, got in results.items():
-        for a, b in zip(first, got):
-            np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3, err_msg=f"{label}: {k}")
-    times: dict[str, list[float]] = {k: [] for k in sessions}
+    checked = [k for k in results if k not in unchecked]
+    for k in checked:
+        for a, b in zip(results[checked[0]], results[k]):
+            if a.dtype.kind in "iub":
+                np.testing.assert_array_equal(b, a, err_msg=f"{label}: {k}")
+            else:
+                np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3, err_msg=f"{label}: {k}")
+    times: dict[str, list[float]] = {k: [] for k in [*sessions, *(others or {})]}
     for _ in range(args.rounds):
         for k, s in sessions.items():
             t0 = time.perf_counter()
             s.run_with_iobinding(bound[k])
             bound[k].synchronize_outputs()
+            times[k].append(time.perf_counter() - t0)
+        for k, fn in (others or {}).items():
+            t0 = time.perf_counter()
+            fn()
             times[k].append(time.perf_counter() - t0)
     print(f"  {label:<26}" + "  ".join(f"{k} {statistics.median(t) * 1e3:7.2f}" for k, t in times.items()), flush=True)
 
@@ -1137,12 +1151,69 @@ def unfold(args) -> None:
         compare(f"{label} {n}x{c}ch {side}² {k}x{k}", models, {"x": x, "w": w}, ["loss", "x_grad"], args)
 
 
+def int_power(args) -> None:
+    """``a ** b`` of int32/int64 [1M] by a Tensor ``b``: ``integer_powers.integer_power``'s alternatives."""
+    import torch
+
+    import graphc as gc
+    from graphc.dsl.ops import cast, emit, reduction
+
+    def squarings(dtype: str, low_bit: str, halve: str, looped: bool) -> Callable:
+        """``a ** b`` (``b >= 0``) by square and multiply: ``low_bit`` Mod or BitwiseAnd, ``halve`` Div or a
+        uint BitShift, as many steps as the dtype's bits or a Loop while the largest power has bits left."""
+        def fn(a, b):
+            left = cast(b, "u" + dtype) if halve == "shift" else b
+            one, two = gc.ones([], dtype=left.dtype), gc.full([], 2, dtype=left.dtype)
+
+            def step(out, base, left):
+                bit = emit("Mod", [left, two]) == one if low_bit == "mod" else cast(emit("BitwiseAnd", [left, one]),
+                                                                                   "bool")
+                half = emit("Div", [left, two]) if halve == "div" else emit("BitShift", [left, one],
+                                                                             {"direction": "RIGHT"})
+                return gc.where(bit, out * base, out), base * base, half
+
+            state = (a * 0 + 1, a, left)
+            if not looped:
+                for _ in range(np.iinfo(dtype).bits - 1):
+                    state = step(*state)
+                return state[0]
+            top = reduction("ReduceMax", b, None, False)  # onnxruntime has no uint64 ReduceMax
+            return gc.while_loop(lambda *s: s[-1] > 0, lambda *s: (*step(*s[:3]), s[3] // 2), (*state, top))[0]
+        return fn
+
+    torch.set_num_threads(args.threads)
+    n = 1 << 20
+    for dtype in ("int32", "int64"):
+        info = np.iinfo(dtype)
+        a = RNG.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        for label, top in (("small", 8), ("full-range", info.max)):
+            b = RNG.integers(0, top, n, dtype=dtype, endpoint=True)
+            spec = {"a": gc.spec(dtype, [n]), "b": gc.spec(dtype, [n])}
+            pow_node = h.make_node("Pow", ["a", "b"], ["output"])
+            kind = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+            graph = h.make_graph([pow_node], "pow", [h.make_tensor_value_info(k, kind, [n]) for k in "ab"],
+                                 [h.make_tensor_value_info("output", kind, [n])])
+            models = {"Pow": h.make_model(graph, opset_imports=[h.make_opsetid("", 21)], ir_version=10)}
+            for name, fn in {"masked": squarings(dtype, "mod", "div", False),
+                             "loop": lambda a, b: a ** b,  # graphc's lowering
+                             "loop-and": squarings(dtype, "and", "div", True),
+                             "loop-and-shift": squarings(dtype, "and", "shift", True)}.items():
+                models[name] = gc.capture(fn, **spec).proto
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            want = (ta ** tb).numpy()
+            got = session(models["loop"], {"a": a, "b": b}, ["output"], args).run(None, {"a": a, "b": b})[0]
+            np.testing.assert_array_equal(got, want, err_msg=f"int_power {dtype} {label}: graphc vs torch")
+            compare(f"{dtype} {label}", models, {"a": a, "b": b}, ["output"], args, unchecked=("Pow",),
+                    others={"torch": lambda: torch.pow(ta, tb)})
+
+
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "bn_passes": bn_passes, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "batch_dw": batch_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
                               "reaching_pads": reaching_pads, "row_conv": row_conv,
-                              "depthwise_product": depthwise_product, "nchwc": nchwc, "unfold": unfold}
+                              "depthwise_product": depthwise_product, "nchwc": nchwc, "unfold": unfold,
+                              "int_power": int_power}
 
 
 def main() -> None:

@@ -233,3 +233,63 @@ def test_einsum_ellipses_of_several_ranks_are_torchs(equation, dtype):
     _assert_torchs(np.asarray(gc.einsum(equation, *[gc.tensor(t) for t in operands.values()]).numpy()), want)
     for backend, got in _run_both(lambda **ts: gc.einsum(equation, *ts.values()), operands).items():
         _assert_torchs(got["output"], want)
+
+
+@pytest.mark.parametrize("opset", [17, 21])
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint8", "int32", "int64"])
+def test_tensor_powers_loop_over_the_largest_powers_bits(dtype, opset):
+    """A Tensor power took one masked step per bit of its dtype (63 for int64: 79x ONNX Pow's time on 1M
+    elements); now a Loop runs while the largest power has bits left. Full-range and negative powers (1 of base
+    1, +-1 of base -1, 0 of the others) wrap as torch's; opset 17 finds the low bit by Mod (no BitwiseAnd)."""
+    info = np.iinfo(dtype)
+    a = _ints(dtype, (256,))
+    b = _ints(dtype, (256,), low=info.min)
+    if info.min:
+        a[:6], b[:6] = [1, -1, -1, 0, 2, info.min], [-5, -3, info.min, -1, -2, -1]
+    a[6:9], b[6:9] = [3, 0, 5], [info.max, 0, 0]
+    want = torch.from_numpy(a) ** torch.from_numpy(b)
+    model = gc.capture(lambda a, b: a ** b, opset=opset, a=gc.spec(dtype, [256]), b=gc.spec(dtype, [256]))
+    ops = [node.op_type for node in model.proto.graph.node]
+    assert ops.count("Loop") == 1 and ops.count("Mul") < 8, ops
+    for backend in BACKENDS:
+        _assert_torchs(gc.Session(model, backend=backend).run({"a": a, "b": b})["output"], want)
+    _assert_torchs(np.asarray((gc.tensor(a) ** gc.tensor(b)).numpy()), want)  # outside a capture
+
+
+# name -> fn(M, a, b) of a uint16/32/64 Tensor a and b: the powers torch 2.13 computes of them
+UNSIGNED_POWERS = {
+    "a ** 0": lambda M, a, b: a ** 0, "a ** 1": lambda M, a, b: a.pow(1), "a ** True": lambda M, a, b: a ** True,
+    "a ** False": lambda M, a, b: a ** False, "1 ** b": lambda M, a, b: 1 ** b, "a ** 2.0": lambda M, a, b: a ** 2.0,
+    "2.5 ** b": lambda M, a, b: 2.5 ** b, "a.double() ** b": lambda M, a, b: a.double() ** b,
+    "a ** b.float()": lambda M, a, b: a ** b.float(),
+}
+_ULPS = {"float32": 2e-7, "float64": 4e-16}
+# name -> (fn(a, b), what graphc's error says): the powers torch refuses
+UNSIGNED_REFUSED = {
+    "a ** b": (lambda a, b: a ** b, "not implemented for 'UInt"), "a ** 3": (lambda a, b: a ** 3, "for 'UInt"),
+    "2 ** b": (lambda a, b: 2 ** b, "for 'UInt"), "a ** b[0]": (lambda a, b: a.pow(b[0]), "for 'UInt"),
+    "a ** -1": (lambda a, b: a ** -1, "negative integer powers are not allowed"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("case", sorted(UNSIGNED_POWERS))
+def test_wide_unsigned_powers_are_torchs(case, dtype):
+    """torch 2.13 computes a uint16/32/64 Tensor to a Python power 0 or 1, 1 to its power, and its powers beside
+    a float; graphc refused them all (ONNX Pow takes no uint16 input; promotion refused the dtype)."""
+    a = RNG.integers(0, np.iinfo(dtype).max, 64, dtype=dtype, endpoint=True)
+    b = RNG.integers(0, 40, 64).astype(dtype)
+    want = UNSIGNED_POWERS[case](torch, torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    for backend, got in _run_both(lambda a, b: UNSIGNED_POWERS[case](gc, a, b), {"a": a, "b": b}).items():
+        assert got["output"].dtype == want.dtype, backend
+        np.testing.assert_allclose(got["output"], want, rtol=_ULPS.get(want.dtype.name, 0))  # float pow: an ulp
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("case", sorted(UNSIGNED_REFUSED))
+def test_wide_unsigned_powers_torch_refuses_are_refused(case, dtype):
+    fn, message = UNSIGNED_REFUSED[case]
+    with pytest.raises(Exception):
+        fn(torch.zeros(3, dtype=getattr(torch, dtype)), torch.ones(3, dtype=getattr(torch, dtype)))
+    with pytest.raises(gc.CaptureError, match=message):
+        gc.capture(fn, a=gc.spec(dtype, [3]), b=gc.spec(dtype, [3]))

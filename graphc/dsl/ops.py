@@ -9,7 +9,7 @@ module (``ops_nn`` imports ``ops``, never the reverse).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -269,54 +269,18 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         raise op_error(op, [lift(a), lift(b)], "integers to negative integer powers are not allowed (as torch); "
                        "use a float base, e.g. t.double() ** -2", user_source())
     bool_power = op == "Pow" and isinstance(b, (bool, np.bool_))
+    if op == "Pow" and any(isinstance(t, Tensor) and t.dtype in ("uint16", "uint32", "uint64") for t in (a, b)):
+        from graphc.dsl.integer_powers import wide_unsigned_power  # it builds on this module
+
+        return wide_unsigned_power(a, b)
     a, b = operand_pair(a, b, wraps=op != "Pow" or isinstance(b, Tensor))  # torch's pow(Tensor, Scalar) refuses
     if a.dtype == "bool":
         return _of_bools(op, a, b, bool_power)
     if op == "Pow" and a.dtype in ("int8", "int16", "uint8", "int32", "int64"):
-        return _integer_power(a, b)
+        from graphc.dsl.integer_powers import integer_power  # it builds on this module
+
+        return integer_power(a, b)
     return emit(op, [a, b])
-
-
-def _integer_power(a: Tensor, b: Tensor) -> Tensor:
-    """``a ** b`` of integer Tensors as torch's, wrapping as C: square and multiply. int8/int16/uint8 (no ONNX
-    Pow kernel) work in int32, each product wrapped back to the dtype; int32/int64 in their own, since
-    onnxruntime's Pow of them goes through double (saturating, low bits lost past 2**53) and numpy's refuses
-    negative powers. A constant 0-D power >= 0 unrolls into its multiplications (a scalar 2 or 3 of int32/int64
-    stays one ONNX Pow: both backends multiply for it, exactly); else as many masked steps as the exponent's
-    bits (a constant's, else the dtype's), a negative power 1 of base 1, +-1 of base -1 and 0 of the others."""
-    known = known_value(b)
-    narrow = a.dtype in ("int8", "int16", "uint8")
-    work = "int32" if narrow else a.dtype
-    wrap = (lambda t: cast(cast(t, a.dtype), work)) if narrow else (lambda t: t)  # noqa: E731
-    base, power = cast(a, work), cast(b, work)
-    one, two = constant(np.asarray(1, to_numpy(work))), constant(np.asarray(2, to_numpy(work)))
-    if known is not None and known.ndim == 0 and known >= 0:
-        if not narrow and int(known) in (2, 3):
-            return emit("Pow", [a, b])
-        return cast(_unrolled_power(base, int(known), one, wrap), a.dtype)
-    bits = np.iinfo(to_numpy(a.dtype)).bits - (a.dtype != "uint8")
-    if known is not None:
-        bits = int(np.abs(known.astype(np.int64)).max(initial=0)).bit_length()
-    out = base * 0 + power * 0 + one  # the broadcast shape
-    left = unary("Abs", power)
-    for step in range(bits):
-        out = where(emit("Mod", [left, two]) == one, wrap(out * base), out)
-        if step + 1 < bits:
-            base, left = wrap(base * base), emit("Div", [left, two])
-    out = where((power < 0) & (unary("Abs", cast(a, work)) != one), out * 0, out)
-    return cast(out, a.dtype)
-
-
-def _unrolled_power(base: Tensor, k: int, one: Tensor, wrap: Callable[[Tensor], Tensor]) -> Tensor:
-    """``base ** k`` for a known ``k >= 0``: a product of the squarings its set bits pick, each one wrapped."""
-    out = None
-    while k:
-        if k & 1:
-            out = base if out is None else wrap(out * base)
-        k >>= 1
-        if k:
-            base = wrap(base * base)
-    return base * 0 + one if out is None else out
 
 
 _BOOL_OPS = {"Add": "Or", "Max": "Or", "Mul": "And", "Min": "And"}
