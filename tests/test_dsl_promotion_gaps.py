@@ -256,6 +256,16 @@ def test_tensor_powers_loop_over_the_largest_powers_bits(dtype, opset):
     _assert_torchs(np.asarray((gc.tensor(a) ** gc.tensor(b)).numpy()), want)  # outside a capture
 
 
+
+def test_tensor_powers_under_vmap_are_torchs():
+    """gc.vmap batches the power's Loop (each example's own largest power; a carry a uint64 would break it)."""
+    a = RNG.integers(-50, 50, (4, 10))
+    b = RNG.integers(-3, 40, (4, 10))
+    b[0] = RNG.integers(0, 3, 10)
+    want = torch.from_numpy(a) ** torch.from_numpy(b)
+    for backend, got in _run_both(lambda a, b: gc.vmap(lambda x, y: x ** y)(a, b), {"a": a, "b": b}).items():
+        _assert_torchs(got["output"], want)
+
 # name -> fn(M, a, b) of a uint16/32/64 Tensor a and b: the powers torch 2.13 computes of them
 UNSIGNED_POWERS = {
     "a ** 0": lambda M, a, b: a ** 0, "a ** 1": lambda M, a, b: a.pow(1), "a ** True": lambda M, a, b: a ** True,

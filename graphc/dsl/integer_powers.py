@@ -28,11 +28,13 @@ def integer_power(a: Tensor, b: Tensor) -> Tensor:
     steps as its largest one's bits; a Tensor power loops while its largest power has bits left. A negative
     power is 1 of base 1, +-1 of base -1 (its parity's power) and 0 of the others.
 
-    A Tensor power of [1M], onnxruntime CPU, 1 thread, ms (scripts/bench_lowerings.py --only int_power; ONNX Pow
-    not exact), powers < 8 / full-range: int32 Pow 47/67, torch 29/547, this 100/733 (the Loop stepping by
-    BitwiseAnd and Div 56/559 of it, by BitwiseAnd and a uint64 shift 53/659, by Mod 311/1700 in an earlier run,
-    one masked step per dtype bit 468/1210); int64 Pow 36/42, torch 30/543, this 171/977 (87/1143 shifting,
-    masked steps 1710/2151). Opset < 18 (no BitwiseAnd) takes the low bit by Mod."""
+    A Tensor power of [1M], onnxruntime CPU, 1 thread, median ms of one run (scripts/bench_lowerings.py --only
+    int_power; ONNX Pow not exact), powers < 8 / full-range: int32 Pow 24/26, torch 18/176, this 37/150; int64
+    Pow 22/25, torch 17/358, this 79/1056. Alternatives in that run: one masked step per dtype bit 249/430 and
+    992/1546; the Loop without the negative powers' masks 27/134 and 59/869; halving a uint copy by BitShift
+    instead of Div 26/139 and 49/475, but gc.vmap's Loop then needs a uint64 Where, which onnxruntime lacks;
+    the low bit by Mod instead of BitwiseAnd 311/1700 int32 in an earlier run. Opset < 18 takes it by Mod.
+    """
     known = known_value(b)
     narrow = a.dtype in ("int8", "int16", "uint8")
     work = "int32" if narrow else a.dtype
@@ -43,12 +45,14 @@ def integer_power(a: Tensor, b: Tensor) -> Tensor:
         if not narrow and int(known) in (2, 3):
             return emit("Pow", [a, b])
         return cast(_unrolled_power(base, int(known), one, wrap), a.dtype)
-    left = where(power < 0, emit("Mod", [power, two]), power)  # a negative power's parity is all that counts
+    def low_bit(t: Tensor) -> Tensor:
+        return emit("BitwiseAnd", [t, one]) if current().opset >= 18 else emit("Mod", [t, two])
+
+    negative = power < 0
+    left = where(negative, low_bit(power), power)  # a negative power's parity is all that counts
 
     def step(out: Tensor, base: Tensor, left: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        bit = cast(emit("BitwiseAnd", [left, one]), "bool") if current().opset >= 18 else \
-            emit("Mod", [left, two]) == one
-        return where(bit, wrap(out * base), out), wrap(base * base), emit("Div", [left, two])
+        return where(cast(low_bit(left), "bool"), wrap(out * base), out), wrap(base * base), emit("Div", [left, two])
 
     state = (base * 0 + power * 0 + one, base, left)  # the broadcast shape
     if known is not None:
@@ -58,7 +62,7 @@ def integer_power(a: Tensor, b: Tensor) -> Tensor:
         top = reduction("ReduceMax", left, None, False)
         *state, _ = while_loop(lambda *s: s[-1] > 0, lambda *s: (*step(*s[:3]), emit("Div", [s[3], two])),
                                (*state, top))
-    out = where((power < 0) & (unary("Abs", base) != one), state[0] * 0, state[0])
+    out = where(negative & (unary("Abs", base) != one), constant(np.asarray(0, to_numpy(work))), state[0])
     return cast(out, a.dtype)
 
 
