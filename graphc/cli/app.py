@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from graphc.cli.help_layout import GraphcTyper
-from graphc.cli.paths import check_not_a_loop, check_not_an_input, check_not_stdout
+from graphc.cli.paths import check_not_a_loop, check_not_an_input, check_not_stdout, check_onnx_name
 from graphc.errors import InputError, did_you_mean
 
 app = GraphcTyper(
@@ -154,7 +154,7 @@ def check_writable_at(path: Path, option: str, file: Optional[str] = None, folde
     --plot` after the whole run, ``--log`` after its first epoch, and named no option; and one in
     a folder the user may not write in (a file is replaced there, a folder's files are written
     into it)."""
-    check_not_stdout(path, option)
+    check_not_stdout(path, option, "folder" if folder else "file")
     check_not_a_loop(path, option)
     check_not_an_input(path, option, inputs or {})
     if file is not None and path.is_dir():
@@ -185,6 +185,14 @@ def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional
         raise ValueError("missing option -o/--output: where to write the result")
     if chosen is not None:
         check_writable_at(chosen, "-o/--output", file, folder, inputs)
+    return chosen
+
+
+def chosen_onnx_output(output: Optional[Path], out: Optional[Path], inputs: dict[str, Path]) -> Path:
+    """``chosen_output`` for a command writing one ONNX model: a file whose name ends in ``.onnx``
+    (``paths.check_onnx_name``), refused before any work."""
+    chosen = chosen_output(output, out, file="model.onnx", inputs=inputs)
+    check_onnx_name(chosen, "-o/--output")
     return chosen
 
 

@@ -15,7 +15,7 @@ from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.cli.arrays import load_npy
 from graphc.cli.inspect_training import scaling_text
 from graphc.cli.interrupted import wrote
-from graphc.cli.paths import user_path
+from graphc.cli.paths import check_not_beside_an_input, user_path
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.errors import did_you_mean, first_few
 
@@ -228,9 +228,11 @@ def grad_cmd(
     graphc grad net.onnx --loss cross_entropy:output:y --optimizer adam -o arts
     """
     import graphc as gc
+    from graphc.compile.training import ARTIFACT_FILES
     from graphc.dsl.sources import on_behalf_of
 
-    output = chosen_output(output, out, folder=True)
+    output = chosen_output(output, out, folder=True, inputs={"MODEL.onnx": model})
+    check_not_beside_an_input(output, "-o/--output", {"MODEL.onnx": model}, ARTIFACT_FILES)
     if grad_norm_type is not None and max_grad_norm is None:
         raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
                          "--max-grad-norm too")

@@ -9,7 +9,7 @@ not click's usage line, hint, blank line and error."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,19 @@ class ParsingEndsOnClosedPipe:
             return super().make_context(*args, **kwargs)
 
 
+def refusing_empty(param: Any, process: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``param``'s ``process_value`` (``process``), an empty value (``-o ""``, ``-o "$UNSET"``) refused as a usage
+    error: converted, it was the path ``.``, the current folder (`graphc grad m.onnx -o ""` wrote
+    its artifacts there)."""
+
+    def process_value(ctx: typer.Context, value: Any) -> Any:
+        if value == "":
+            raise typer.BadParameter("an empty path (an unset shell variable?); give a path", ctx=ctx, param=param)
+        return process(ctx, value)
+
+    return process_value
+
+
 class PlainHelpGroup(ParsingEndsOnClosedPipe, TyperGroup):
     """`graphc` and `graphc deploy`: their help and ``--version`` end on a closed pipe as commands
     do; an unknown command is one line."""
@@ -70,13 +83,16 @@ class PlainHelpGroup(ParsingEndsOnClosedPipe, TyperGroup):
 class PlainHelpCommand(ParsingEndsOnClosedPipe, TyperCommand):
     """A command whose usage line and help name each value by a word: an option's own metavar, else
     ``METAVARS``' word for its type; an argument bare in the usage line when required, in brackets
-    when not (click's form). Ctrl-C in it prints one line and exits 130."""
+    when not (click's form); an empty path refused (``refusing_empty``). Ctrl-C in it prints one
+    line and exits 130."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:
             if param.param_type_name == "option" and param.metavar is None and not (param.is_flag or param.count):
                 param.metavar = METAVARS.get(param.bare_type(), "VALUE")
+            if param.bare_type() == "Path":
+                param.process_value = refusing_empty(param, param.process_value)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         """Click's parsing, each path's ``~`` expanded (``paths.user_paths``); a value typer's

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_output, console, output_option, print_json
+from graphc.cli.app import JSON_OPTION, OUT_ALIAS, app, chosen_onnx_output, console, output_option, print_json
 from graphc.cli.interrupted import wrote
 from graphc.cli.paths import user_path
 from graphc.cli.inspect_training import (artifacts_facts, checked_kind, checkpoint_facts, describe_artifacts,
@@ -105,7 +105,7 @@ def capture_cmd(
     from graphc.dsl.sources import on_behalf_of
     from graphc.model.dtypes import parse_spec
 
-    output = chosen_output(output, out, file="model.onnx", inputs={"FILE.py": user_path(target.rpartition(":")[0])})
+    output = chosen_onnx_output(output, out, inputs={"FILE.py": user_path(target.rpartition(":")[0])})
     if opset not in EMITTED_OPSETS:
         raise InputError(f"--opset {opset}: graphc captures ai.onnx opsets {EMITTED_OPSETS[0]} to {EMITTED_OPSETS[-1]}")
     specs = {}

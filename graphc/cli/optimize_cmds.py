@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import (OUT_ALIAS, app, check_dtype_options, chosen_output, console, keep_io_types_option,
+from graphc.cli.app import (OUT_ALIAS, app, check_dtype_options, chosen_onnx_output, console, keep_io_types_option,
                             one_line_warnings, output_option)
 from graphc.cli.interrupted import wrote
 from graphc.errors import PassError
@@ -56,7 +56,7 @@ def optimize_cmd(
     """
     from graphc.compile.optimize import optimize
 
-    output = chosen_output(output, out, file="model.onnx", inputs={"MODEL.onnx": model})
+    output = chosen_onnx_output(output, out, inputs={"MODEL.onnx": model})
     check_dtype_options(ctx, dtype)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)

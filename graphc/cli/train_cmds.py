@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import (JSON_OPTION, OUT_ALIAS, allow_uncalibrated_option, app, check_dtype_options,
-                            check_writable_at, chosen_output, console, err_console, given, keep_io_types_option,
+                            check_writable_at, chosen_onnx_output, chosen_output, console, err_console, given, keep_io_types_option,
                             naming_opset, one_line_warnings, output_option, print_json)
 from graphc.cli.backend_options import backend_options
 from graphc.cli.interrupted import wrote
@@ -451,7 +451,7 @@ def export_cmd(
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 
-    output = chosen_output(output, out, file="model.onnx", inputs={"ARTIFACT_DIR|CHECKPOINT": source})
+    output = chosen_onnx_output(output, out, inputs={"ARTIFACT_DIR|CHECKPOINT": source})
     check_dtype_options(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = wrote(export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,

@@ -95,6 +95,8 @@ GRAPH_FILES = {
 REQUIRED_GRAPHS = ("train_step", "gradients", "eval", "inference")
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
+ARTIFACT_FILES = (*GRAPH_FILES.values(), STATE_FILE, MANIFEST_FILE)
+"""Every file ``TrainingArtifacts.save`` may write into its folder."""
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
 Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape",
