@@ -53,7 +53,7 @@ def test_every_command_summary_fits_the_command_list(capsys):
 def test_serve_help_gives_every_limits_default(capsys):
     command = typer.main.get_command(app).commands["serve"]
     limits = [p for p in command.params if p.name.startswith("max_") or p.name.endswith("_timeout")]
-    assert len(limits) == 8 and all("default" in p.help for p in limits), [p.help for p in limits]
+    assert len(limits) == 9 and all("default" in p.help for p in limits), [p.help for p in limits]
 
 
 def test_backends_json_is_gc_backends(capsys):

@@ -54,7 +54,7 @@ def _counts(kind: str):
 # kind -> (op type of the node named, what it computes per shard, text on its DSL line)
 WARNS = {"plus_position": ("Cast", "positions", "z + gc.arange(n)[:, None].float()"),
          "fraction": ("Cast", "positions", "gc.arange(n).float() / n"),
-         "embedding": ("Gather", "positions", "self.pos(gc.arange(n))"),
+         "embedding": ("Less", "positions", "self.pos(gc.arange(n))"),
          "parity": ("Mod", "positions", "gc.arange(n) % 2"),
          "info_nce": ("Equal", "positions", "x[:, :4].argmax(-1) == gc.arange(n)"),
          "per_size": ("Cast", "sizes", "z / n")}
